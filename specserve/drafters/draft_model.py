@@ -1,0 +1,127 @@
+"""``draft-model``: a smaller model with the same vocabulary drafts autoregressively.
+
+The drafter keeps its own KV cache in step with the sequence: it remembers which tokens its cache
+holds, rolls back to the longest prefix that still agrees with the sequence, feeds the rest in one
+pass, then drafts k tokens one pass each.  Under sampling each drafted token is drawn from q, the
+draft's logits processed exactly like the target's, and q is returned for verification.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.registry import register
+from specserve.errors import SpecserveError
+from specserve.models.layers import QUERY_BLOCK
+from specserve.models.loader import LoadedModel, load_model
+from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft model whose vocabulary differs from the target's, saying how."""
+    from specserve.tokenizer import load_tokenizer
+
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise SpecserveError(f"draft model vocabulary size {draft.config.vocab_size} differs from the "
+                             f"target's {target.config.vocab_size}")
+    if draft.path == target.path:
+        return
+    tv, dv = load_tokenizer(target).vocab(), load_tokenizer(draft).vocab()
+    if tv != dv:
+        diff = next((t for t in tv if dv.get(t) != tv[t]), None)
+        raise SpecserveError(f"draft model tokenizer differs from the target's (first difference: token {diff!r})")
+
+
+@register("draft-model")
+class DraftModelDrafter(Drafter):
+    def __init__(self, target: LoadedModel, model: str | LoadedModel | None = None):
+        if model is None:
+            raise SpecserveError("drafter draft-model needs a draft model (--draft-model PATH)")
+        self.draft = model if isinstance(model, LoadedModel) else load_model(model, target.options)
+        check_same_vocabulary(target, self.draft)
+        self.cache = None
+        self.free_rows: list[int] = []
+        self.row: dict[int, int] = {}
+        self.cached: dict[int, list[int]] = {}          # tokens whose keys/values the row holds
+        self.gen: dict[int, torch.Generator] = {}
+
+    def bind(self, max_batch: int, max_len: int) -> None:
+        self.cache = self.draft.model.new_cache(max_batch, max_len)
+        self.free_rows = list(range(max_batch))
+
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
+        if self.cache is None:
+            raise RuntimeError("draft-model drafter used before bind()")
+        self.row[seq_id] = self.free_rows.pop(0)
+        self.cached[seq_id] = []
+        if not sampling.greedy:
+            g = torch.Generator(device=self.draft.model.device)
+            g.manual_seed((sampling.seed + 1) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
+            self.gen[seq_id] = g
+
+    def end(self, seq_id: int) -> None:
+        self.free_rows.append(self.row.pop(seq_id))
+        self.cached.pop(seq_id, None)
+        self.gen.pop(seq_id, None)
+
+    def _catch_up(self, reqs: list[DraftRequest]) -> torch.Tensor:
+        """Feed each sequence's uncached tokens; return logits after its pending token [B, V]."""
+        model, dev = self.draft.model, self.draft.model.device
+        feeds, starts = [], []
+        for r in reqs:
+            cached = self.cached[r.seq_id]
+            common = 0
+            limit = min(len(cached), len(r.tokens) - 1)   # always re-feed at least the pending token
+            while common < limit and cached[common] == r.tokens[common]:
+                common += 1
+            feeds.append(r.tokens[common:])
+            starts.append(common)
+            self.cached[r.seq_id] = list(r.tokens)
+        out = [None] * len(reqs)
+        short = [i for i, f in enumerate(feeds) if len(f) <= QUERY_BLOCK]
+        for group in [short] + [[i] for i in range(len(reqs)) if i not in short]:
+            if not group:
+                continue
+            width = max(len(feeds[i]) for i in group)
+            toks = torch.tensor([feeds[i] + [0] * (width - len(feeds[i])) for i in group], device=dev)
+            logits = model(toks, self.cache, [self.row[reqs[i].seq_id] for i in group],
+                           [starts[i] for i in group]).logits
+            for j, i in enumerate(group):
+                out[i] = logits[j, len(feeds[i]) - 1]
+        return torch.stack(out)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        active = [r for r in requests if r.k > 0]
+        proposals = {id(r): DraftProposal([], None) for r in requests}
+        if active:
+            logits = self._catch_up(active)                                   # [B, V]
+            tokens: list[list[int]] = [[] for _ in active]
+            probs: list[list[torch.Tensor]] = [[] for _ in active]
+            for j in range(max(r.k for r in active)):
+                for b, r in enumerate(active):
+                    if j >= r.k:
+                        continue
+                    if r.sampling.greedy:
+                        tok = int(logits[b].argmax())
+                    else:
+                        q = processed_probs(logits[b], r.sampling)
+                        tok = int(race(q, exponential_noise(tuple(q.shape), self.gen[r.seq_id]).to(q.device)))
+                        probs[b].append(q)
+                    tokens[b].append(tok)
+                feeding = [b for b, r in enumerate(active) if j + 1 < r.k]
+                if not feeding:
+                    break
+                toks = torch.tensor([[tokens[b][-1]] for b in feeding], device=self.draft.model.device)
+                rows = [self.row[active[b].seq_id] for b in feeding]
+                starts = [len(self.cached[active[b].seq_id]) for b in feeding]
+                step_logits = self.draft.model(toks, self.cache, rows, starts).logits[:, 0]
+                for i, b in enumerate(feeding):
+                    self.cached[active[b].seq_id].append(tokens[b][-1])
+                    logits[b] = step_logits[i]
+            for b, r in enumerate(active):
+                proposals[id(r)] = DraftProposal(tokens[b], torch.stack(probs[b]) if probs[b] else None)
+        return [proposals[id(r)] for r in requests]

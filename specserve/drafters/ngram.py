@@ -1,0 +1,46 @@
+"""``ngram``: prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
+
+Find the most recent earlier occurrence of the sequence's last n tokens (n from ``max_n`` down to
+``min_n``) in the prompt and generated text, and propose the tokens that followed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.registry import register
+from specserve.errors import SpecserveError
+
+
+def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier match of the last n tokens.
+
+    tokens: [L] int array, the whole sequence.  Longer n-grams are tried first.
+    Example: tokens [a b c d a b], n=2 -> suffix [a b] matched at 0 -> propose [c d a b][:k].
+    """
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)   # [L-n, n]
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n                     # first token after the most recent match
+            follow = tokens[start: start + k]
+            if follow.size:
+                return follow.tolist()
+    return []
+
+
+@register("ngram")
+class NgramDrafter(Drafter):
+    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 4):
+        if not (isinstance(min_n, int) and isinstance(max_n, int)) or min_n < 1 or max_n < min_n:
+            raise SpecserveError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        return [DraftProposal(ngram_propose(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n, r.k)
+                              if r.k > 0 else []) for r in requests]

@@ -1,0 +1,43 @@
+"""A preallocated key/value cache indexed by absolute position.
+
+Layout per layer: ``k[layer]`` and ``v[layer]`` are ``[rows, kv_heads, capacity, head_dim]``.  Each
+row holds one sequence.  The model writes the keys and values of the tokens it is fed at the
+positions it is told; it never decides what is valid.  Validity is ``lengths[row]``, owned by the
+engine: rolling a row back to any length is a single integer assignment, because entries past a
+row's length are masked out by position and overwritten by the next write (gpt-fast's trick).
+
+The capacity is rounded up to a multiple of ``block`` so the batch-invariant attention can view the
+used part as whole blocks, and it keeps ``slack`` positions beyond the longest sequence so that a
+verification pass padded to the longest draft in the batch never writes out of range.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, block: int = 64, slack: int = 64):
+        self.max_len = max_len                      # longest sequence a row may hold
+        self.capacity = -(-(max_len + slack) // block) * block
+        shape = (rows, kv_heads, self.capacity, head_dim)
+        # zeros, not empty: masked entries are multiplied by an exact 0 and must never be NaN
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = [0] * rows                   # valid positions per row; set by the engine
+
+    @property
+    def rows(self) -> int:
+        """Number of sequence slots."""
+        return len(self.lengths)
+
+    def truncate(self, row: int, length: int) -> None:
+        """Roll ``row`` back (or forward, after a write) to ``length`` valid positions: O(1)."""
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"length {length} outside [0, {self.max_len}]")
+        self.lengths[row] = length
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache tensors."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

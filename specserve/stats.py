@@ -1,0 +1,75 @@
+"""Per-request counters, kept on the object that produces them (llama.cpp style)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    drafter: str = "none"
+    synthetic: bool = False           # True for the oracle drafter: numbers are a study, not a product
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_passes: int = 0            # prefill pass + verification passes
+    drafted_per_position: list[int] = field(default_factory=list)   # [i]: steps that drafted >= i+1 tokens
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps that accepted >= i+1 tokens
+    ttft_s: float = 0.0               # arrival -> first generated token
+    draft_s: float = 0.0              # time in drafter.propose (shared steps count fully)
+    verify_s: float = 0.0             # target passes (prefill included) and verification
+    total_s: float = 0.0              # arrival -> last token
+    token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        """Count one verification pass that checked ``drafted`` tokens and accepted ``accepted``."""
+        while len(self.drafted_per_position) < drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+        self.target_passes += 1
+
+    @property
+    def verify_passes(self) -> int:
+        return max(self.target_passes - 1, 0)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(self.drafted_per_position)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """(accepted tokens + one target token) per verification pass; 1.0 for plain decoding."""
+        return (self.accepted_tokens + self.verify_passes) / self.verify_passes if self.verify_passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def other_s(self) -> float:
+        return max(self.total_s - self.draft_s - self.verify_s, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "drafter": self.drafter, "synthetic": self.synthetic,
+            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+            "target_passes": self.target_passes, "verify_passes": self.verify_passes,
+            "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
+            "ttft_s": self.ttft_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
+            "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,
+            "token_times_s": list(self.token_times),
+        }
