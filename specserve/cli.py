@@ -1,0 +1,133 @@
+"""Command line: ``specserve generate`` (bench and serve arrive with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from specserve.errors import SpecserveError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise SpecserveError(message)
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
+    p.add_argument("--drafter", default="ngram", help="none, ngram, draft-model or oracle")
+    p.add_argument("--draft-model", default=None, help="draft model path (drafter draft-model)")
+    p.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (k)")
+    p.add_argument("--ngram-min", type=int, default=1)
+    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.8, help="oracle acceptance probability (synthetic)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kernels", default="auto", help="auto, torch or fbgemm")
+    p.add_argument("--attention", default="auto", help="auto, sdpa or invariant")
+    p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specserve", description="Exact speculative decoding for Llama-family models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _engine_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--raw", action="store_true", help="plain completion: no chat template")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
+    return parser
+
+
+def drafter_specs(args: argparse.Namespace) -> dict[str, dict]:
+    """The drafter options the command line asks for, by drafter name."""
+    from specserve.drafters import drafter_class
+
+    drafter_class(args.drafter)  # unknown names fail here, before loading anything
+    opts = {"ngram": {"min_n": args.ngram_min, "max_n": args.ngram_max},
+            "oracle": {"alpha": args.alpha, "seed": args.seed or 0},
+            "draft-model": {"model": args.draft_model}}
+    return {args.drafter: opts.get(args.drafter, {})}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from specserve.llm import LLM
+    from specserve.models.loader import RuntimeOptions, resolve_model_path
+    from specserve.sampling import SamplingParams
+
+    # cheap checks first: a typo should not cost a model load
+    if not args.prompt.strip():
+        raise SpecserveError("empty prompt")
+    if args.num_draft < 0:
+        raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
+    if args.max_tokens < 1:
+        raise SpecserveError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    resolve_model_path(args.model)
+    if args.drafter == "draft-model":
+        if not args.draft_model:
+            raise SpecserveError("--drafter draft-model needs --draft-model PATH")
+        resolve_model_path(args.draft_model)
+    specs = drafter_specs(args)
+    options = RuntimeOptions(args.dtype, args.device, args.kernels, args.attention)
+    llm = LLM(args.model, options, drafters=specs, max_batch=1, max_len=args.max_len)
+    prompt_ids = llm.encode(args.prompt, raw=args.raw)
+    num_draft = 0 if args.drafter == "none" else args.num_draft
+
+    def run(drafter: str, k: int):
+        req = llm.request(prompt_ids, args.max_tokens, sampling, drafter, k, args.stop)
+        return llm.completion(llm.engine.generate([req])[0], args.stop)
+
+    run(args.drafter, num_draft) if args.compare_plain else None  # warm-up when timing matters
+    out = run(args.drafter, num_draft)
+    plain = run("none", 0) if args.compare_plain else None
+    if args.json:
+        doc = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+               "stats": {k: v for k, v in out.stats.items() if k != "token_times_s"},
+               "runtime": vars(llm.target.options) | {"batch_invariant": llm.target.options.batch_invariant}}
+        if plain is not None:
+            doc["plain"] = {"tokens_per_second": plain.stats["tokens_per_second"],
+                            "identical": plain.token_ids == out.token_ids}
+        print(json.dumps(doc))
+        return 0
+    s = out.stats
+    print(out.text)
+    label = f"{args.drafter}{' (SYNTHETIC oracle: a study, not a real drafter)' if s['synthetic'] else ''}"
+    print(f"\n[{label}, k={num_draft}] {s['generated_tokens']} tokens in {s['total_s']:.2f}s = "
+          f"{s['tokens_per_second']:.1f} tok/s; mean accepted length {s['mean_accepted_length']:.2f}; "
+          f"TTFT {s['ttft_s'] * 1000:.0f} ms; draft {s['draft_s']:.2f}s verify {s['verify_s']:.2f}s "
+          f"other {s['other_s']:.2f}s", file=sys.stderr)
+    if plain is not None:
+        ps = plain.stats
+        same = "identical output" if plain.token_ids == out.token_ids else "OUTPUT DIFFERS"
+        print(f"[plain decoding] {ps['generated_tokens']} tokens at {ps['tokens_per_second']:.1f} tok/s; "
+              f"speed-up {s['tokens_per_second'] / ps['tokens_per_second']:.2f}x; {same}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+        import warnings
+        warnings.filterwarnings("ignore")
+        return {"generate": cmd_generate}[args.command](args)
+    except SpecserveError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random Llama-family models that run in milliseconds."""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.models.config import ModelConfig
+from specserve.models.llama import Transformer
+from specserve.models.loader import LoadedModel, RuntimeOptions
+
+
+def tiny_state_dict(cfg: ModelConfig, seed: int, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Random weights with Hugging Face names; large enough scale to give peaked distributions."""
+    g = torch.Generator().manual_seed(seed)
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * scale
+
+    sd = {"model.embed_tokens.weight": r(cfg.vocab_size, h), "model.norm.weight": 1 + 0.1 * r(h)}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = r(cfg.vocab_size, h)
+    for layer in range(cfg.num_layers):
+        p = f"model.layers.{layer}"
+        sd[f"{p}.self_attn.q_proj.weight"] = r(cfg.num_heads * d, h)
+        sd[f"{p}.self_attn.k_proj.weight"] = r(cfg.num_kv_heads * d, h)
+        sd[f"{p}.self_attn.v_proj.weight"] = r(cfg.num_kv_heads * d, h)
+        sd[f"{p}.self_attn.o_proj.weight"] = r(h, cfg.num_heads * d)
+        if cfg.attention_bias:
+            for n, rows in (("q", cfg.num_heads * d), ("k", cfg.num_kv_heads * d), ("v", cfg.num_kv_heads * d)):
+                sd[f"{p}.self_attn.{n}_proj.bias"] = r(rows)
+        if cfg.qk_norm:
+            sd[f"{p}.self_attn.q_norm.weight"] = 1 + 0.1 * r(d)
+            sd[f"{p}.self_attn.k_norm.weight"] = 1 + 0.1 * r(d)
+        sd[f"{p}.mlp.gate_proj.weight"] = r(i, h)
+        sd[f"{p}.mlp.up_proj.weight"] = r(i, h)
+        sd[f"{p}.mlp.down_proj.weight"] = r(h, i)
+        sd[f"{p}.input_layernorm.weight"] = 1 + 0.1 * r(h)
+        sd[f"{p}.post_attention_layernorm.weight"] = 1 + 0.1 * r(h)
+    return sd
+
+
+def tiny_config(vocab: int = 64, layers: int = 2, arch: str = "llama", **kw) -> ModelConfig:
+    base = dict(arch=arch, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers,
+                num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=512, rms_norm_eps=1e-5,
+                rope_theta=10000.0, tie_word_embeddings=False, eos_token_ids=())
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def tiny_model(seed: int = 0, kernels: str = "fbgemm", attention: str = "invariant", scale: float = 0.5,
+               sd: dict | None = None, **kw) -> LoadedModel:
+    """A LoadedModel around random weights (no files); ``path`` is a unique label."""
+    cfg = tiny_config(**kw)
+    sd = sd if sd is not None else tiny_state_dict(cfg, seed, scale)
+    opts = RuntimeOptions("float32", "cpu", kernels, attention).resolve()
+    model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
+    return LoadedModel(model=model, config=cfg, path=f"<tiny seed={seed} scale={scale}>", options=opts)
