@@ -1,0 +1,1 @@
+"""Benchmark: datasets and (with its issue) the runner, metrics, peers and reports."""

@@ -1,0 +1,47 @@
+"""The command line: one-line errors without a model load, and a real --json run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "specserve.cli"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["generate", "--prompt", ""], "empty prompt"),
+    (["generate", "--prompt", "hi", "--model", "/no/such/model"], "does not exist"),
+    (["generate", "--prompt", "hi", "--num-draft", "-2"], "--num-draft must be >= 0"),
+    (["generate", "--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    (["generate", "--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "--prompt", "hi", "--top-p", "1.01"], "top_p must be in (0, 1]"),
+    (["generate", "--prompt", "hi", "--drafter", "bogus"], "unknown drafter"),
+    (["generate", "--prompt", "hi", "--drafter", "draft-model"], "needs --draft-model"),
+    (["generate", "--prompt", "hi", "--max-tokens", "x"], "invalid int value"),
+    (["generate"], "required"),
+])
+def test_bad_input_one_line_error(args, msg):
+    r = subprocess.run(CLI + args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("[W")]
+    assert len(lines) == 1 and msg in lines[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context():
+    r = subprocess.run(CLI + ["generate", "--prompt", "word " * 600, "--max-len", "256"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "exceeds the context length" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_generate_json():
+    r = subprocess.run(CLI + ["generate", "--prompt", "Say hello.", "--max-tokens", "12", "--drafter", "ngram",
+                              "--num-draft", "3", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert isinstance(doc["text"], str) and 1 <= len(doc["token_ids"]) <= 12
+    for key in ("mean_accepted_length", "drafted_per_position", "accepted_per_position", "target_passes",
+                "tokens_per_second", "ttft_s"):
+        assert key in doc["stats"]
