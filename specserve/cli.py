@@ -46,7 +46,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
+    b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
+    b.add_argument("--model", default="default")
+    b.add_argument("--methods", default="none,ngram:k=4,oracle:alpha=0.8:k=4",
+                   help="comma-separated drafter[:key=value]... (k = draft length); plain decoding always runs")
+    b.add_argument("--groups", default="all", help="all or comma-separated Spec-Bench groups")
+    b.add_argument("--per-group", type=int, default=5)
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--prompts", default=None, help="a JSONL file of prompts instead of Spec-Bench")
+    b.add_argument("--out", default="results/bench")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--kernels", default="auto")
+    b.add_argument("--attention", default="auto")
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specserve.bench.datasets import GROUPS
+    from specserve.bench.runner import run_bench
+    from specserve.models.loader import RuntimeOptions, resolve_model_path
+
+    if args.per_group < 1 or args.max_tokens < 1:
+        raise SpecserveError("--per-group and --max-tokens must be >= 1")
+    resolve_model_path(args.model)
+    groups = list(GROUPS) if args.groups == "all" else [g.strip() for g in args.groups.split(",") if g.strip()]
+    doc = run_bench(args.methods.split(","), groups, args.per_group, args.max_tokens, args.out, args.model,
+                    args.prompts, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
+    from specserve.bench.runner import render_report
+    print(render_report(doc))
+    return 0
 
 
 def drafter_specs(args: argparse.Namespace) -> dict[str, dict]:
@@ -117,11 +146,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
     try:
         args = build_parser().parse_args(argv)
         import warnings
         warnings.filterwarnings("ignore")
-        return {"generate": cmd_generate}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

@@ -47,9 +47,11 @@ class LLM:
                  max_len: int | None = 4096, loaded: LoadedModel | None = None):
         self.target = loaded or load_model(model, options)
         self.tokenizer = load_tokenizer(self.target)
+        # drafters: label -> options; the option "drafter" names the registered drafter (default: the label)
         specs = {"none": {}} | dict(drafters or {})
-        self.engine = Engine(self.target, {name: create(name, self.target, **opts) for name, opts in specs.items()},
-                             max_batch=max_batch, max_len=max_len)
+        built = {label: create(opts.get("drafter", label), self.target,
+                               **{k: v for k, v in opts.items() if k != "drafter"}) for label, opts in specs.items()}
+        self.engine = Engine(self.target, built, max_batch=max_batch, max_len=max_len)
 
     def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
         if isinstance(prompt, str):

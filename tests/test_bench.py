@@ -1,0 +1,68 @@
+"""Benchmark metrics against hand-computed values, and a tiny end-to-end run."""
+
+import json
+import math
+
+import pytest
+
+from specserve.bench.metrics import (acceptance_by_position, inter_token_latencies, mean_accepted_length,
+                                     percentile, speedups, tpot)
+from specserve.bench.runner import Method
+
+
+def rec(total, ttft, n, tps=None, drafted=(), accepted=(), passes=0, times=()):
+    return {"total_s": total, "ttft_s": ttft, "generated_tokens": n, "tokens_per_second": tps or n / total,
+            "drafted_per_position": list(drafted), "accepted_per_position": list(accepted),
+            "verify_passes": passes, "accepted_tokens": sum(accepted), "token_times_s": list(times)}
+
+
+def test_percentile_by_hand():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(xs, 50) == 2.5
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 4.0
+    assert percentile(xs, 90) == pytest.approx(3.7)          # pos 2.7 between 3 and 4
+    assert percentile([5.0], 99) == 5.0 and math.isnan(percentile([], 50))
+
+
+def test_tpot_and_itl():
+    r = rec(total=2.0, ttft=0.5, n=4, times=[0.5, 1.0, 1.0, 2.0])
+    assert tpot(r) == pytest.approx(0.5)                      # (2.0 - 0.5) / 3
+    assert inter_token_latencies(r) == [0.5, 0.0, 1.0]
+    assert math.isnan(tpot(rec(total=1.0, ttft=1.0, n=1)))
+
+
+def test_acceptance_and_mean_accepted_length():
+    a = rec(1, 0.1, 10, drafted=[4, 4, 2], accepted=[3, 2, 1], passes=4)
+    b = rec(1, 0.1, 10, drafted=[6], accepted=[0], passes=6)
+    assert acceptance_by_position([a, b]) == [0.3, 0.5, 0.5]
+    assert mean_accepted_length([a, b]) == pytest.approx((6 + 10) / 10)
+
+
+def test_speedups_two_definitions():
+    base = [rec(2.0, 0.1, 20), rec(1.0, 0.1, 20)]           # 10 and 20 tok/s
+    meth = [rec(1.0, 0.1, 20), rec(1.0, 0.1, 20)]           # 20 and 20 tok/s
+    s = speedups(meth, base)
+    assert s["spec_bench"] == pytest.approx(20 / 15)
+    assert s["total_time"] == pytest.approx((3.0 / 40) / (2.0 / 40))
+
+
+def test_method_parsing():
+    m = Method.parse("oracle:alpha=0.8:k=6")
+    assert (m.drafter, m.k, m.options) == ("oracle", 6, {"alpha": 0.8})
+    assert Method.parse("none").k == 0 and Method.parse("ngram").k == 4
+
+
+@pytest.mark.slow
+def test_tiny_end_to_end(tmp_path):
+    from specserve.bench.runner import run_bench
+
+    doc = run_bench(["none", "ngram:k=3", "oracle:alpha=0.8:k=3"], ["qa", "translation"], 1, 8, str(tmp_path))
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "report.md").read_text().count("\n| ") >= 6
+    assert set(saved["summary"]) == {"none", "ngram:k=3", "oracle:alpha=0.8:k=3"}
+    for label, s in saved["summary"].items():
+        assert s["overall"]["divergent_prompts"] == 0
+        assert set(s["groups"]) == {"qa", "translation"}
+        assert len(saved["records"][label]) == 2
+    assert saved["summary"]["oracle:alpha=0.8:k=3"]["synthetic"] is True
+    assert doc["summary"]["none"]["overall"]["speedup"]["total_time"] == pytest.approx(1.0)
