@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--per-group", type=int, default=5)
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--prompts", default=None, help="a JSONL file of prompts instead of Spec-Bench")
+    b.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,2,4,8,16")
+    b.add_argument("--concurrency-prompts", type=int, default=None, help="prompts per level above 1 (default all)")
+    b.add_argument("--peers", default="", help="comma-separated: transformers, llama.cpp")
+    b.add_argument("--assistant", default=None, help="draft model for the transformers assistant peer")
+    b.add_argument("--cost-tokens", default="1,2,4,8,16", help="tokens per row for the cost curve ('' to skip)")
+    b.add_argument("--cost-batches", default="1,4,16", help="batch sizes for the cost curve")
+    b.add_argument("--no-plots", action="store_true")
     b.add_argument("--out", default="results/bench")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--device", default="cpu")
@@ -62,18 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecserveError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from specserve.bench.datasets import GROUPS
-    from specserve.bench.runner import run_bench
+    from specserve.bench.report import render_report
+    from specserve.bench.runner import BenchConfig, run_bench
     from specserve.models.loader import RuntimeOptions, resolve_model_path
 
     if args.per_group < 1 or args.max_tokens < 1:
         raise SpecserveError("--per-group and --max-tokens must be >= 1")
     resolve_model_path(args.model)
     groups = list(GROUPS) if args.groups == "all" else [g.strip() for g in args.groups.split(",") if g.strip()]
-    doc = run_bench(args.methods.split(","), groups, args.per_group, args.max_tokens, args.out, args.model,
-                    args.prompts, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
-    from specserve.bench.runner import render_report
+    cfg = BenchConfig(methods=args.methods.split(","), groups=groups, per_group=args.per_group,
+                      max_tokens=args.max_tokens, out=args.out, model=args.model, prompts_file=args.prompts,
+                      concurrency=_ints(args.concurrency, "--concurrency"),
+                      concurrency_prompts=args.concurrency_prompts,
+                      peers=[p.strip() for p in args.peers.split(",") if p.strip()], assistant=args.assistant,
+                      cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
+                      cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots)
+    doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
     print(render_report(doc))
     return 0
 

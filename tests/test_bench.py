@@ -54,11 +54,20 @@ def test_method_parsing():
 
 @pytest.mark.slow
 def test_tiny_end_to_end(tmp_path):
-    from specserve.bench.runner import run_bench
+    from specserve.bench.runner import BenchConfig, run_bench
 
-    doc = run_bench(["none", "ngram:k=3", "oracle:alpha=0.8:k=3"], ["qa", "translation"], 1, 8, str(tmp_path))
+    cfg = BenchConfig(["none", "ngram:k=3", "oracle:alpha=0.8:k=3"], ["qa", "translation"], per_group=1,
+                      max_tokens=8, out=str(tmp_path), concurrency=[1, 2], cost_tokens=[1, 2], cost_batches=[1, 2])
+    doc = run_bench(cfg)
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert (tmp_path / "report.md").read_text().count("\n| ") >= 6
+    report = (tmp_path / "report.md").read_text()
+    for section in ("## Roofline", "## Per group", "## Concurrency", "## Cost of one target pass", "## Plots"):
+        assert section in report
+    for png in ("speedup_by_group.png", "acceptance_by_position.png", "concurrency.png", "cost_curve.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    assert {(c["method"], c["concurrency"]) for c in saved["concurrency"]} == \
+        {(m, c) for m in saved["summary"] for c in (1, 2)}
+    assert len(saved["cost_curve"]) == 4 and saved["roofline"]["weight_bytes"] > 0
     assert set(saved["summary"]) == {"none", "ngram:k=3", "oracle:alpha=0.8:k=3"}
     for label, s in saved["summary"].items():
         assert s["overall"]["divergent_prompts"] == 0

@@ -1,7 +1,9 @@
 """``specserve bench``: every method on the same prompts, in the same order, in one process.
 
-Plain decoding (``none``) is always run first as the baseline.  Concurrency 1 (one request at a
-time); batched concurrency levels, peers, plots and the cost curve come with the benchmark issue.
+Phases: 1. roofline card; 2. cost curve of one target pass; 3. every method at concurrency 1
+(plain decoding first: the baseline); 4. each higher concurrency level through the batched engine,
+closed loop (a request is admitted as soon as a slot frees); 5. peer engines; 6. results.json,
+report.md and plots.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from specserve.bench.datasets import GROUPS, Prompt, load_jsonl, spec_bench_sample
@@ -32,97 +35,186 @@ class Method:
         name, *parts = text.strip().split(":")
         k, opts = (0 if name == "none" else 4), {}
         for part in parts:
-            if "=" not in part:
+            key, sep, val = part.partition("=")
+            if not sep:
                 raise SpecserveError(f"method {text!r}: expected key=value, got {part!r}")
-            key, val = part.split("=", 1)
             if key == "k":
                 k = int(val)
             else:
-                opts[key] = int(val) if val.isdigit() else (float(val) if val.replace(".", "", 1).isdigit() else val)
+                opts[key] = _number(val)
         return cls(name, k, opts, text.strip())
 
 
-def run_bench(methods: list[str], groups: list[str], per_group: int, max_tokens: int, out: str,
-              model: str = "default", prompts_file: str | None = None, options=None) -> dict:
-    from specserve.drafters import drafter_class
+def _number(val: str):
+    for cast in (int, float):
+        try:
+            return cast(val)
+        except ValueError:
+            pass
+    return val
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str]
+    groups: list[str]
+    per_group: int = 5
+    max_tokens: int = 128
+    out: str = "results/bench"
+    model: str = "default"
+    prompts_file: str | None = None
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    concurrency_prompts: int | None = None      # prompts per level > 1 (default: all)
+    peers: list[str] = field(default_factory=list)   # transformers, llama.cpp
+    assistant: str | None = None                # draft model for the transformers assistant peer
+    cost_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    cost_batches: list[int] = field(default_factory=lambda: [1, 4, 16])
+    plots: bool = True
+
+
+def _progress(label: str, i: int, n: int) -> None:
+    print(f"\r  {label:<34} {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
+
+
+def _versions() -> dict:
+    out = {}
+    for pkg in ("specserve", "torch", "transformers", "gguf", "numpy", "llama_cpp_python"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def run_bench(cfg: BenchConfig, options=None) -> dict:
+    from specserve.bench.costs import cost_curve, roofline
+    from specserve.drafters import create, drafter_class
+    from specserve.engine import Engine
     from specserve.llm import LLM
 
-    parsed = [Method.parse(m) for m in methods]
-    if not any(m.drafter == "none" for m in parsed):
-        parsed.insert(0, Method("none", 0, {}, "none"))
-    parsed.sort(key=lambda m: m.drafter != "none")
-    for m in parsed:
+    methods = [Method.parse(m) for m in cfg.methods]
+    if not any(m.drafter == "none" for m in methods):
+        methods.insert(0, Method("none", 0, {}, "none"))
+    methods.sort(key=lambda m: m.drafter != "none")
+    for m in methods:
         drafter_class(m.drafter)
-    bad = [g for g in groups if g not in GROUPS]
+    bad = [g for g in cfg.groups if g not in GROUPS]
     if bad:
         raise SpecserveError(f"unknown group {bad[0]!r}; choose from all, {', '.join(GROUPS)}")
-    prompts: list[Prompt] = load_jsonl(prompts_file)[: per_group * len(groups)] if prompts_file else \
-        spec_bench_sample(per_group, tuple(groups))
-    # one drafter instance per method, named by the method's label
-    llm = LLM(model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in parsed},
+    if any(c < 1 for c in cfg.concurrency):
+        raise SpecserveError("concurrency levels must be >= 1")
+    prompts: list[Prompt] = (load_jsonl(cfg.prompts_file)[: cfg.per_group * len(cfg.groups)] if cfg.prompts_file
+                             else spec_bench_sample(cfg.per_group, tuple(cfg.groups)))
+    llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
               max_batch=1, max_len=4096)
+    target = llm.target
     ids = [llm.encode(p.text) for p in prompts]
-    sampling = SamplingParams()
-    # warm-up: every method once on a short prompt
-    for m in parsed:
-        llm.engine.generate([llm.request(ids[0][:32], 8, sampling, m.label, m.k)])
+    greedy = SamplingParams()
+    doc: dict = {"config": vars(cfg) | {"command": " ".join(sys.argv), "runtime": vars(target.options),
+                                          "model_path": target.path},
+                 "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                             "processor": platform.processor(), "cpus": __import__("os").cpu_count()},
+                 "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    # 1. roofline card, printed before anything is measured
+    doc["roofline"] = roofline(target)
+    r = doc["roofline"]
+    print(f"roofline: {r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights, "
+          f"measured bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> plain decoding ceiling "
+          f"{r['plain_decoding_ceiling_tok_s']:.0f} tok/s", file=sys.stderr)
+
+    # 2. cost curve
+    print("cost curve", file=sys.stderr)
+    doc["cost_curve"] = cost_curve(target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
+
+    # 3. every method at concurrency 1 (warm-up first: one short run of each)
+    for m in methods:
+        llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     records: dict[str, list[dict]] = {}
-    for m in parsed:
+    for m in methods:
         recs = []
         for i, (p, pid) in enumerate(zip(prompts, ids)):
-            res = llm.engine.generate([llm.request(pid, max_tokens, sampling, m.label, m.k)])[0]
-            rec = res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens}
-            recs.append(rec)
-            print(f"\r{m.label:<28} {i + 1}/{len(prompts)}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+            res = llm.engine.generate([llm.request(pid, cfg.max_tokens, greedy, m.label, m.k)])[0]
+            recs.append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
+            _progress(m.label, i + 1, len(prompts))
         records[m.label] = recs
-    base = records[next(m.label for m in parsed if m.drafter == "none")]
-    summary: dict = {}
-    for m in parsed:
+    base = records[methods[0].label]
+    doc["summary"] = {}
+    for m in methods:
         recs = records[m.label]
-        by_group = {g: [r for r in recs if r["group"] == g] for g in groups}
-        base_by_group = {g: [r for r in base if r["group"] == g] for g in groups}
-        summary[m.label] = {
+        groups = {g: ([r for r in recs if r["group"] == g], [b for b in base if b["group"] == g]) for g in cfg.groups}
+        doc["summary"][m.label] = {
             "synthetic": any(r["synthetic"] for r in recs),
             "overall": summarize(recs) | {"speedup": speedups(recs, base),
                                           "divergent_prompts": sum(r["tokens"] != b["tokens"] for r, b in zip(recs, base))},
-            "groups": {g: summarize(by_group[g]) | {"speedup": speedups(by_group[g], base_by_group[g])}
-                       for g in groups if by_group[g]},
+            "groups": {g: summarize(rs) | {"speedup": speedups(rs, bs)} for g, (rs, bs) in groups.items() if rs},
         }
-    doc = {"config": {"methods": [m.label for m in parsed], "groups": groups, "per_group": per_group,
-                      "max_tokens": max_tokens, "model": llm.target.path, "runtime": vars(llm.target.options),
-                      "command": " ".join(sys.argv)},
-           "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                       "processor": platform.processor(), "torch": __import__("torch").__version__},
-           "summary": summary, "records": records, "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-    outdir = Path(out)
+    doc["records"] = records
+
+    # 4. concurrency levels > 1, closed loop through the batched engine
+    doc["concurrency"] = []
+    n_conc = cfg.concurrency_prompts or len(prompts)
+    for level in sorted(set(cfg.concurrency)):
+        for m in methods:
+            if level == 1:
+                recs = records[m.label][:n_conc]
+                wall = sum(r["total_s"] for r in recs)
+            else:
+                drafter = create(m.drafter, target, **m.options)
+                eng = Engine(target, {m.label: drafter}, max_batch=level, max_len=4096)
+                reqs = [llm.request(pid, cfg.max_tokens, greedy, m.label, m.k) for pid in ids[:n_conc]]
+                eng.generate(reqs[:1])                              # warm-up
+                t = time.perf_counter()
+                recs = [r.stats.to_dict() for r in eng.generate(reqs)]
+                wall = time.perf_counter() - t
+                _progress(f"{m.label} @ concurrency {level}", n_conc, n_conc)
+            s = summarize(recs)
+            doc["concurrency"].append({"method": m.label, "concurrency": level, "requests": len(recs),
+                                       "wall_s": wall, "request_throughput": len(recs) / wall,
+                                       "output_tok_s": sum(r["generated_tokens"] for r in recs) / wall,
+                                       "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "itl_s": s["itl_s"],
+                                       "e2e_s": s["e2e_s"], "mean_accepted_length": s["mean_accepted_length"]})
+
+    # 5. peers on the same prompts
+    doc["peers"] = run_peers(cfg, target.path, ids, base, llm.tokenizer)
+
+    # 6. files
+    from specserve.bench.report import render_report, write_plots
+    outdir = Path(cfg.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "results.json").write_text(json.dumps(doc, indent=1))
+    (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    doc["plots"] = write_plots(doc, outdir) if cfg.plots else []
     (outdir / "report.md").write_text(render_report(doc))
     return doc
 
 
-def render_report(doc: dict) -> str:
-    lines = [f"# specserve bench", "", f"Command: `{doc['config']['command']}`", "",
-             f"Model `{Path(doc['config']['model']).name}`, runtime {doc['config']['runtime']}, "
-             f"{doc['config']['max_tokens']} new tokens, greedy, concurrency 1.", "",
-             "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | "
-             "mean accepted length | acceptance by position | TTFT p50 ms | TPOT p50 ms | draft % | verify % | divergent |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for label, s in doc["summary"].items():
-        o = s["overall"]
-        acc = " ".join(f"{a:.2f}" for a in o["acceptance_by_position"][:8]) or "-"
-        name = f"{label} (SYNTHETIC)" if s["synthetic"] else label
-        lines.append(f"| {name} | {o['tokens_per_second_mean']:.1f} | {o['tokens_per_second_total']:.1f} | "
-                     f"{o['speedup']['spec_bench']:.2f}x | {o['speedup']['total_time']:.2f}x | "
-                     f"{o['mean_accepted_length']:.2f} | {acc} | {o['ttft_s']['p50'] * 1e3:.0f} | "
-                     f"{o['tpot_s']['p50'] * 1e3:.1f} | {o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | "
-                     f"{o['divergent_prompts']}/{o['requests']} |")
-    lines += ["", "Per group (speed-up, Spec-Bench definition / mean accepted length):", "",
-              "| method | " + " | ".join(doc["config"]["groups"]) + " |",
-              "|---|" + "---|" * len(doc["config"]["groups"])]
-    for label, s in doc["summary"].items():
-        cells = [f"{s['groups'][g]['speedup']['spec_bench']:.2f}x / {s['groups'][g]['mean_accepted_length']:.2f}"
-                 if g in s["groups"] else "-" for g in doc["config"]["groups"]]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+def run_peers(cfg: BenchConfig, model_path: str, ids: list[list[int]], base: list[dict], tokenizer) -> list[dict]:
+    from specserve.bench import peers as peer_mod
+
+    k = next((Method.parse(m).k for m in cfg.methods if Method.parse(m).drafter == "ngram"), 4)
+    out = []
+    for name in cfg.peers:
+        if name == "transformers":
+            runners = peer_mod.transformers_peer(model_path, k, cfg.assistant)
+        elif name == "llama.cpp":
+            if not model_path.endswith(".gguf"):
+                raise SpecserveError("the llama.cpp peer needs a GGUF model")
+            runners = peer_mod.llama_cpp_peer(model_path, k)
+        else:
+            raise SpecserveError(f"unknown peer {name!r}; choose from transformers, llama.cpp")
+        ours = [tokenizer.decode(b["tokens"]) for b in base]
+        for label, go in runners.items():
+            go(ids[0][:32], 8)                                     # warm-up
+            recs = []
+            for i, pid in enumerate(ids):
+                toks, secs = go(pid, cfg.max_tokens)
+                recs.append({"generated_tokens": len(toks), "seconds": secs,
+                             "tokens_per_second": len(toks) / secs if secs else 0.0,
+                             "same_text": tokenizer.decode(toks) == ours[i]})
+                _progress(label, i + 1, len(ids))
+            total_s = sum(r["seconds"] for r in recs)
+            out.append({"peer": label, "requests": len(recs),
+                        "tokens_per_second_mean": sum(r["tokens_per_second"] for r in recs) / len(recs),
+                        "tokens_per_second_total": sum(r["generated_tokens"] for r in recs) / total_s,
+                        "same_greedy_text": sum(r["same_text"] for r in recs), "records": recs})
+    return out

@@ -1,0 +1,61 @@
+"""What the machine could do at best (roofline card) and what one target pass costs (cost curve)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specserve.models.loader import LoadedModel
+
+
+def weight_bytes(lm: LoadedModel) -> int:
+    """Bytes of weights a decoding pass reads, as the runtime stores them (fbgemm: fp16)."""
+    per = 2 if lm.options.kernels == "fbgemm" else torch.empty(0, dtype=lm.model.dtype).element_size()
+    return lm.config.num_params * per
+
+
+def memory_bandwidth(size_mb: int = 256, reps: int = 5) -> float:
+    """Measured copy bandwidth in bytes/s (read + write of a buffer far larger than the caches)."""
+    src = torch.ones(size_mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best
+
+
+def roofline(lm: LoadedModel) -> dict:
+    bw = memory_bandwidth()
+    wb = weight_bytes(lm)
+    return {"parameters": lm.config.num_params, "weight_bytes": wb, "bandwidth_bytes_per_s": bw,
+            "plain_decoding_ceiling_tok_s": bw / wb, "runtime": vars(lm.options)}
+
+
+@torch.inference_mode()
+def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: int = 256, reps: int = 3) -> list[dict]:
+    """Median seconds of one target pass over ``t`` new tokens per row for ``b`` rows at ``context``."""
+    m = lm.model
+    cache = m.new_cache(max(batches), context + max(tokens) + 1)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, lm.config.vocab_size, (1, context), generator=g)
+    for row in range(max(batches)):
+        m(prompt, cache, [row], [0], last_only=True)
+    out = []
+    for b in batches:
+        for t in tokens:
+            x = torch.randint(0, lm.config.vocab_size, (b, t), generator=g)
+            m(x, cache, list(range(b)), [context] * b)            # warm-up
+            times = []
+            for _ in range(reps):
+                s = time.perf_counter()
+                m(x, cache, list(range(b)), [context] * b)
+                times.append(time.perf_counter() - s)
+            out.append({"batch": b, "tokens": t, "seconds": sorted(times)[len(times) // 2]})
+    base = {r["batch"]: r["seconds"] for r in out if r["tokens"] == 1}
+    for r in out:
+        r["relative_to_1_token"] = r["seconds"] / base[r["batch"]] if r["batch"] in base else None
+    return out

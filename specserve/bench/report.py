@@ -1,0 +1,131 @@
+"""report.md and PNG plots from a results document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _ms(x: float) -> str:
+    return "-" if x != x else f"{x * 1e3:.0f}"
+
+
+def render_report(doc: dict) -> str:
+    cfg, r = doc["config"], doc["roofline"]
+    lines = ["# specserve bench", "", f"Command: `{cfg['command']}`", "",
+             f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
+             f"greedy. Machine: {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
+             "## Roofline", "",
+             f"{r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
+             f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "
+             f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s.", "",
+             "## Concurrency 1, all prompts", "",
+             "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | mean accepted length "
+             "| acceptance by position | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % | divergent |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, s in doc["summary"].items():
+        o = s["overall"]
+        acc = " ".join(f"{a:.2f}" for a in o["acceptance_by_position"][:8]) or "-"
+        name = f"{label} (SYNTHETIC)" if s["synthetic"] else label
+        lines.append(f"| {name} | {o['tokens_per_second_mean']:.1f} | {o['tokens_per_second_total']:.1f} | "
+                     f"{o['speedup']['spec_bench']:.2f}x | {o['speedup']['total_time']:.2f}x | "
+                     f"{o['mean_accepted_length']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
+                     f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
+                     f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | {o['divergent_prompts']}/{o['requests']} |")
+    groups = cfg["groups"]
+    lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length", "",
+              "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    for label, s in doc["summary"].items():
+        cells = [f"{s['groups'][g]['speedup']['spec_bench']:.2f}x / {s['groups'][g]['mean_accepted_length']:.2f}"
+                 if g in s["groups"] else "-" for g in groups]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if doc.get("concurrency"):
+        lines += ["", "## Concurrency (closed loop, batched engine)", "",
+                  "| method | concurrency | requests | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
+                  "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in doc["concurrency"]:
+            lines.append(f"| {c['method']} | {c['concurrency']} | {c['requests']} | {c['request_throughput']:.3f} | "
+                         f"{c['output_tok_s']:.1f} | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
+                         f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
+                         f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} |")
+    if doc.get("cost_curve"):
+        batches = sorted({c["batch"] for c in doc["cost_curve"]})
+        tokens = sorted({c["tokens"] for c in doc["cost_curve"]})
+        cell = {(c["batch"], c["tokens"]): c for c in doc["cost_curve"]}
+        lines += ["", "## Cost of one target pass (ms; in brackets: relative to 1 token at the same batch size)", "",
+                  "| batch \\ tokens per row | " + " | ".join(map(str, tokens)) + " |", "|---|" + "---|" * len(tokens)]
+        for b in batches:
+            lines.append(f"| {b} | " + " | ".join(
+                f"{cell[b, t]['seconds'] * 1e3:.1f} ({cell[b, t]['relative_to_1_token']:.2f})" for t in tokens) + " |")
+    if doc.get("peers"):
+        lines += ["", "## Peers (same prompts, greedy)", "",
+                  "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
+        for p in doc["peers"]:
+            lines.append(f"| {p['peer']} | {p['tokens_per_second_mean']:.1f} | {p['tokens_per_second_total']:.1f} | "
+                         f"{p['same_greedy_text']}/{p['requests']} |")
+    if doc.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(doc: dict, outdir: Path) -> list[str]:
+    """speedup_by_group.png, acceptance_by_position.png, concurrency.png, cost_curve.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    groups = doc["config"]["groups"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = list(doc["summary"])
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        s = doc["summary"][label]
+        vals = [s["groups"][g]["speedup"]["spec_bench"] if g in s["groups"] else 0 for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], vals, width,
+               label=label + (" (synthetic)" if s["synthetic"] else ""))
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(groups))], groups, rotation=20)
+    ax.set_ylabel("speed-up vs plain decoding")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, outdir / "speedup_by_group.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, s in doc["summary"].items():
+        acc = s["overall"]["acceptance_by_position"]
+        if acc:
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate at position")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, outdir / "acceptance_by_position.png"))
+
+    if doc.get("concurrency"):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        for label in doc["summary"]:
+            rows = [c for c in doc["concurrency"] if c["method"] == label]
+            a1.plot([c["concurrency"] for c in rows], [c["output_tok_s"] for c in rows], marker="o", label=label)
+            a2.plot([c["concurrency"] for c in rows], [c["e2e_s"]["p50"] for c in rows], marker="o", label=label)
+        a1.set_xlabel("concurrency"), a1.set_ylabel("output tokens/s")
+        a2.set_xlabel("concurrency"), a2.set_ylabel("end-to-end latency p50 (s)")
+        a1.legend(fontsize=8)
+        paths.append(_save(fig, outdir / "concurrency.png"))
+
+    if doc.get("cost_curve"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for b in sorted({c["batch"] for c in doc["cost_curve"]}):
+            rows = [c for c in doc["cost_curve"] if c["batch"] == b]
+            ax.plot([c["tokens"] for c in rows], [c["seconds"] * 1e3 for c in rows], marker="o", label=f"batch {b}")
+        ax.set_xlabel("tokens per row in the pass")
+        ax.set_ylabel("ms per target pass")
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, outdir / "cost_curve.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return str(path)
