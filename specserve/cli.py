@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
+    v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    _engine_args(v)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--max-batch", type=int, default=16, help="sequences in the running batch (KV rows)")
+    v.add_argument("--max-waiting", type=int, default=64, help="waiting-queue bound; beyond it: 429")
+    v.add_argument("--request-timeout", type=float, default=600.0)
+    v.add_argument("--served-model-name", default=None)
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
     b.add_argument("--model", default="default")
     b.add_argument("--methods", default="none,ngram:k=4,oracle:alpha=0.8:k=4",
@@ -98,13 +106,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specserve.llm import LLM
+    from specserve.models.loader import RuntimeOptions, resolve_model_path
+    from specserve.server.app import create_app
+
+    if args.num_draft < 0:
+        raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
+    if not 1 <= args.port <= 65535:
+        raise SpecserveError(f"--port must be in [1, 65535], got {args.port}")
+    if args.max_batch < 1 or args.max_waiting < 0:
+        raise SpecserveError("--max-batch must be >= 1 and --max-waiting >= 0")
+    path = resolve_model_path(args.model)
+    specs = {"ngram": {"min_n": args.ngram_min, "max_n": args.ngram_max}} | drafter_specs(args)
+    llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention), drafters=specs,
+              max_batch=args.max_batch, max_len=args.max_len)
+    name = args.served_model_name or ("default" if args.model == "default" else path)
+    app = create_app(llm, name, default_drafter=args.drafter, default_k=args.num_draft,
+                     max_waiting=args.max_waiting, request_timeout_s=args.request_timeout)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def drafter_specs(args: argparse.Namespace) -> dict[str, dict]:
     """The drafter options the command line asks for, by drafter name."""
     from specserve.drafters import drafter_class
 
     drafter_class(args.drafter)  # unknown names fail here, before loading anything
     opts = {"ngram": {"min_n": args.ngram_min, "max_n": args.ngram_max},
-            "oracle": {"alpha": args.alpha, "seed": args.seed or 0},
+            "oracle": {"alpha": args.alpha, "seed": getattr(args, "seed", None) or 0},
             "draft-model": {"model": args.draft_model}}
     return {args.drafter: opts.get(args.drafter, {})}
 
@@ -171,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         import warnings
         warnings.filterwarnings("ignore")
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

@@ -88,7 +88,7 @@ def _versions() -> dict:
 
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     from specserve.bench.costs import cost_curve, roofline
-    from specserve.drafters import create, drafter_class
+    from specserve.drafters import drafter_class
     from specserve.engine import Engine
     from specserve.llm import LLM
 
@@ -160,8 +160,8 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
                 recs = records[m.label][:n_conc]
                 wall = sum(r["total_s"] for r in recs)
             else:
-                drafter = create(m.drafter, target, **m.options)
-                eng = Engine(target, {m.label: drafter}, max_batch=level, max_len=4096)
+                # the same drafter object (the oracle keeps its look-ahead); Engine re-binds it to the new batch size
+                eng = Engine(target, {m.label: llm.engine.drafters[m.label]}, max_batch=level, max_len=4096)
                 reqs = [llm.request(pid, cfg.max_tokens, greedy, m.label, m.k) for pid in ids[:n_conc]]
                 eng.generate(reqs[:1])                              # warm-up
                 t = time.perf_counter()

@@ -1,0 +1,95 @@
+"""Prometheus metrics in the text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import threading
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class Histogram:
+    def __init__(self, name: str, help_: str, buckets: tuple):
+        self.name, self.help, self.buckets = name, help_, buckets
+        self.counts = [0] * len(buckets)
+        self.total, self.n = 0.0, 0
+
+    def observe(self, x: float) -> None:
+        for i, b in enumerate(self.buckets):
+            if x <= b:
+                self.counts[i] += 1
+        self.total += x
+        self.n += 1
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        out += [f'{self.name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        out += [f'{self.name}_bucket{{le="+Inf"}} {self.n}', f"{self.name}_sum {self.total}", f"{self.name}_count {self.n}"]
+        return out
+
+
+class Metrics:
+    """Counters updated by the scheduler thread and the HTTP handlers; rendered on /metrics."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.outcomes: dict[str, int] = {}
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.verify_passes = 0
+        self.ttft = Histogram("specserve_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
+        self.tpot = Histogram("specserve_time_per_output_token_seconds", "Time per output token after the first",
+                              LATENCY_BUCKETS)
+        self.e2e = Histogram("specserve_e2e_request_latency_seconds", "End-to-end request latency", LATENCY_BUCKETS)
+        self.batch = Histogram("specserve_batch_size", "Sequences per engine step", BATCH_BUCKETS)
+        self.gauges = lambda: {}
+
+    def count_outcome(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def observe_batch(self, size: int) -> None:
+        with self._lock:
+            self.batch.observe(size)
+
+    def observe_result(self, result, queue_s: float = 0.0) -> None:
+        s = result.stats
+        with self._lock:
+            self.outcomes["success"] = self.outcomes.get("success", 0) + 1
+            self.prompt_tokens += s.prompt_tokens
+            self.generation_tokens += s.generated_tokens
+            self.ttft.observe(s.ttft_s + queue_s)
+            self.e2e.observe(s.total_s + queue_s)
+            if s.generated_tokens > 1:
+                self.tpot.observe((s.total_s - s.ttft_s) / (s.generated_tokens - 1))
+            for i, (d, a) in enumerate(zip(s.drafted_per_position, s.accepted_per_position)):
+                while len(self.drafted) <= i:
+                    self.drafted.append(0)
+                    self.accepted.append(0)
+                self.drafted[i] += d
+                self.accepted[i] += a
+            self.verify_passes += s.verify_passes
+
+    def render(self) -> str:
+        with self._lock:
+            lines = ["# HELP specserve_requests_total Finished requests by outcome", "# TYPE specserve_requests_total counter"]
+            for outcome, n in sorted(self.outcomes.items()):
+                lines.append(f'specserve_requests_total{{outcome="{outcome}"}} {n}')
+            lines += ["# TYPE specserve_prompt_tokens_total counter", f"specserve_prompt_tokens_total {self.prompt_tokens}",
+                      "# TYPE specserve_generation_tokens_total counter",
+                      f"specserve_generation_tokens_total {self.generation_tokens}"]
+            for h in (self.ttft, self.tpot, self.e2e, self.batch):
+                lines += h.render()
+            lines += ["# HELP specserve_spec_drafted_tokens_total Drafted tokens by draft position",
+                      "# TYPE specserve_spec_drafted_tokens_total counter"]
+            lines += [f'specserve_spec_drafted_tokens_total{{position="{i}"}} {d}' for i, d in enumerate(self.drafted)]
+            lines += ["# TYPE specserve_spec_accepted_tokens_total counter"]
+            lines += [f'specserve_spec_accepted_tokens_total{{position="{i}"}} {a}' for i, a in enumerate(self.accepted)]
+            mal = (sum(self.accepted) + self.verify_passes) / self.verify_passes if self.verify_passes else 0.0
+            lines += ["# HELP specserve_spec_mean_accepted_length Accepted tokens plus one per verification pass",
+                      "# TYPE specserve_spec_mean_accepted_length gauge", f"specserve_spec_mean_accepted_length {mal}"]
+        for name, value in self.gauges().items():
+            lines += [f"# TYPE {name} gauge", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
