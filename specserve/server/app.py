@@ -7,6 +7,7 @@ a client's mistake into a 500 or affect other requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -53,21 +54,20 @@ class TextStream:
 def create_app(llm: LLM, model_name: str, default_drafter: str = "none", default_k: int = 0,
                max_waiting: int = 64, request_timeout_s: float = 600.0, max_body_bytes: int = 4 * 2**20,
                default_max_tokens: int = 256) -> FastAPI:
-    app = FastAPI(title="specserve", version="0.1.0")
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
     metrics.gauges = lambda: {"specserve_requests_running": scheduler.num_running,
                               "specserve_requests_waiting": scheduler.num_waiting,
                               "specserve_kv_rows_free": len(llm.engine.free_rows)}
-    app.state.scheduler, app.state.metrics, app.state.llm = scheduler, metrics, llm
 
-    @app.on_event("startup")
-    async def _start():
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
         scheduler.start()
-
-    @app.on_event("shutdown")
-    async def _stop():
+        yield
         scheduler.stop()
+
+    app = FastAPI(title="specserve", version="0.1.0", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics, app.state.llm = scheduler, metrics, llm
 
     @app.middleware("http")
     async def limit_body(request: HTTPRequest, call_next):

@@ -11,17 +11,19 @@ MAX_STOP = 8
 
 class Speculative(BaseModel):
     """Extension: per-request speculation."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     drafter: str = Field(default=None, min_length=1, max_length=64)
     num_draft: int | None = Field(default=None, ge=0, le=32)
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: "yes" is not a boolean and "2" is not a number; unknown OpenAI fields are ignored
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -55,7 +57,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=1_000_000)
 

@@ -1,0 +1,239 @@
+"""The HTTP server on the real default model, on loopback: OpenAI client, concurrency, disconnects,
+bad input, a bounded load test, timeouts."""
+
+import gc
+import json
+import random
+import resource
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+pytestmark = pytest.mark.slow
+MAX_BATCH = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, llm, **kw):
+        import uvicorn
+        self.port = _free_port()
+        self.app = create_app(llm, "default", **kw)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        for _ in range(200):
+            try:
+                if httpx.get(self.url + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("default", drafters={"ngram": {}}, max_batch=MAX_BATCH, max_len=2048)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    s = Server(llm, default_drafter="ngram", default_k=4, max_waiting=16)
+    yield s
+    s.close()
+
+
+def test_openai_client_completions_and_chat(server, llm):
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["default"]
+    r = client.completions.create(model="default", prompt="The capital of France is", max_tokens=10, temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens == 10
+    assert r.usage.prompt_tokens == len(llm.encode("The capital of France is", raw=True))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 10
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model="default", prompt="The capital of France is", max_tokens=10, temperature=0, stream=True) if c.choices]
+    assert "".join(pieces) == r.choices[0].text
+    c = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Say hello."}],
+                                       max_tokens=12, temperature=0)
+    assert c.choices[0].message.role == "assistant" and c.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Say hello."}],
+                                                 max_tokens=12, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == c.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+
+
+def test_speculation_extension_and_stats(server):
+    body = {"model": "default", "prompt": "a b c a b c a b c a b", "max_tokens": 16, "temperature": 0,
+            "speculative": {"drafter": "ngram", "num_draft": 4}}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+    stats = r["speculative_stats"]
+    assert stats["drafter"] == "ngram" and stats["drafted_per_position"][0] > 0
+    plain = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "none"}}, timeout=120).json()
+    assert plain["choices"][0]["text"] == r["choices"][0]["text"]
+    assert plain["speculative_stats"]["mean_accepted_length"] == 1.0
+
+
+def test_stop_strings(server):
+    r = httpx.post(server.url + "/v1/completions", json={"model": "default", "prompt": "1, 2, 3, 4,", "max_tokens": 30,
+                                                         "temperature": 0, "stop": [" 7"]}, timeout=120).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and " 7" not in r["choices"][0]["text"]
+
+
+def test_sixteen_concurrent_greedy_requests_match_alone(server):
+    prompts = [f"Write one sentence about the number {i}." for i in range(16)]
+
+    def ask(p):
+        return httpx.post(server.url + "/v1/chat/completions", timeout=300, json={
+            "model": "default", "messages": [{"role": "user", "content": p}], "max_tokens": 16, "temperature": 0,
+        }).json()["choices"][0]["message"]["content"]
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
+
+
+def test_disconnect_mid_stream_frees_the_sequence(server):
+    before = server.metric('specserve_requests_total{outcome="cancelled"}')
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "default", "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 500, "temperature": 0, "stream": True}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 4:
+                break
+    for _ in range(100):
+        if server.metric("specserve_requests_running") == 0 and server.metric("specserve_kv_rows_free") == MAX_BATCH:
+            break
+        time.sleep(0.1)
+    assert server.metric("specserve_requests_running") == 0
+    assert server.metric("specserve_kv_rows_free") == MAX_BATCH
+    assert server.metric('specserve_requests_total{outcome="cancelled"}') == before + 1
+
+
+BAD = [
+    ("/v1/completions", b"{not json", None),
+    ("/v1/completions", json.dumps({"prompt": "x"}).encode(), "model"),
+    ("/v1/completions", json.dumps({"model": "default"}).encode(), "prompt"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": ""}).encode(), "prompt"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "max_tokens": -1}).encode(), "max_tokens"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "max_tokens": "ten"}).encode(), "max_tokens"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "temperature": -0.5}).encode(), "temperature"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "top_p": 0}).encode(), "top_p"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "top_p": 1.5}).encode(), "top_p"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "n": 2}).encode(), "n"),
+    ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), "model"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "max_tokens": 5000}).encode(), "max_tokens"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "word " * 3000}).encode(), "max_tokens"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"drafter": "medusa"}}).encode(),
+     "speculative.drafter"),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"num_draft": -3}}).encode(),
+     "speculative.num_draft"),
+    ("/v1/chat/completions", json.dumps({"model": "default", "messages": []}).encode(), "messages"),
+    ("/v1/chat/completions", json.dumps({"model": "default", "messages": [{"role": "robot", "content": "x"}]}).encode(),
+     "messages.0.role"),
+    ("/v1/chat/completions", json.dumps({"model": "default", "messages": "hi"}).encode(), "messages"),
+    ("/v1/completions", json.dumps([1, 2, 3]).encode(), None),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD)
+def test_bad_input_gets_4xx_naming_the_field(server, path, body, param):
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()["error"]
+    assert err["message"] and (param is None or err["param"] == param), err
+
+
+def test_oversized_body_is_413(server):
+    r = httpx.post(server.url + "/v1/completions", content=b"x" * (5 * 2**20), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_generated_bad_inputs(server):
+    """300 bodies from a seeded generator: each valid body with one field set to a value of the wrong
+    type or out of range.  Every one must get a 4xx, and the server must keep serving."""
+    rng = random.Random(0)
+    invalid = {"model": [None, 3, "", ["default"]], "prompt": [None, 5, "", {"a": 1}],
+               "max_tokens": [0, -5, "x", 1.5, [1], 10**9], "temperature": [-1, "hot", [0.5], None],
+               "top_p": [0, -0.1, 1.01, "x", None], "top_k": [-1, "x", 0.5], "seed": ["s", 1.5, 2**70],
+               "stop": [5, [""], ["a"] * 20, [1, 2]], "n": [0, 2, "1"], "stream": ["yes", [True], 3],
+               "speculative": [{"num_draft": 99}, {"drafter": ""}, {"drafter": "x", "k": 1}, "ngram", 7]}
+    for _ in range(300):
+        body = {"model": "default", "prompt": "hello", "max_tokens": 4}
+        field = rng.choice(sorted(invalid))
+        body[field] = rng.choice(invalid[field])
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+    assert httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "default", "prompt": "hello", "max_tokens": 2}).status_code == 200
+
+
+def test_bounded_load_only_documented_429s_and_memory_returns(server):
+    """200 requests at concurrency 32 against 4 KV rows and 16 waiting places: every answer is a 200 or a
+    429 with Retry-After; afterwards nothing is running and resident memory is back near its start."""
+    gc.collect()
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    codes = []
+
+    def hit(i):
+        r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": "default", "prompt": f"Number {i}:", "max_tokens": 3, "temperature": 0})
+        if r.status_code == 429:
+            assert r.headers.get("retry-after") == "1"
+        return r.status_code
+
+    with ThreadPoolExecutor(32) as pool:
+        codes = list(pool.map(hit, range(200)))
+    assert set(codes) <= {200, 429} and codes.count(200) >= 8
+    for _ in range(100):
+        if server.metric("specserve_requests_running") == 0 and server.metric("specserve_requests_waiting") == 0:
+            break
+        time.sleep(0.1)
+    assert server.metric("specserve_kv_rows_free") == MAX_BATCH
+    gc.collect()
+    # ru_maxrss is the peak (KiB): the load must not have grown the process by more than 300 MiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss < 300 * 1024
+
+
+def test_request_timeout_is_504(llm):
+    from specserve.llm import LLM
+    other = LLM(loaded=llm.target, max_batch=1, max_len=1024)
+    s = Server(other, request_timeout_s=0.3)
+    try:
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+            "model": "default", "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 400, "temperature": 0})
+        assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+        assert httpx.get(s.url + "/health").json()["running"] == 0
+    finally:
+        s.close()
