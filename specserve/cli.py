@@ -11,6 +11,9 @@ import time
 from specserve.errors import SpecserveError
 
 
+DEFAULT_METHODS = "none,ngram:k=4,oracle:alpha=0.8:k=4"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
         raise SpecserveError(message)
@@ -56,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--served-model-name", default=None)
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
     b.add_argument("--model", default="default")
-    b.add_argument("--methods", default="none,ngram:k=4,oracle:alpha=0.8:k=4",
+    b.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated drafter[:key=value]... (k = draft length); plain decoding always runs")
     b.add_argument("--groups", default="all", help="all or comma-separated Spec-Bench groups")
     b.add_argument("--per-group", type=int, default=5)
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cost-tokens", default="1,2,4,8,16", help="tokens per row for the cost curve ('' to skip)")
     b.add_argument("--cost-batches", default="1,4,16", help="batch sizes for the cost curve")
     b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--endpoint", default=None, help="benchmark a running OpenAI-compatible server instead")
+    b.add_argument("--endpoint-model", default="default", help="model name to send to --endpoint")
     b.add_argument("--out", default="results/bench")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--device", default="cpu")
@@ -92,7 +97,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.per_group < 1 or args.max_tokens < 1:
         raise SpecserveError("--per-group and --max-tokens must be >= 1")
-    resolve_model_path(args.model)
+    if not args.endpoint:
+        resolve_model_path(args.model)
     groups = list(GROUPS) if args.groups == "all" else [g.strip() for g in args.groups.split(",") if g.strip()]
     cfg = BenchConfig(methods=args.methods.split(","), groups=groups, per_group=args.per_group,
                       max_tokens=args.max_tokens, out=args.out, model=args.model, prompts_file=args.prompts,
@@ -101,6 +107,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       peers=[p.strip() for p in args.peers.split(",") if p.strip()], assistant=args.assistant,
                       cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
                       cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots)
+    if args.endpoint:
+        from specserve.bench.report import render_endpoint_report
+        from specserve.bench.runner import run_endpoint_bench
+        methods = [m for m in args.methods.split(",") if m.strip()] if args.methods != DEFAULT_METHODS else []
+        print(render_endpoint_report(run_endpoint_bench(cfg, args.endpoint, args.endpoint_model, methods)))
+        return 0
     doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
     print(render_report(doc))
     return 0

@@ -32,6 +32,7 @@ class Handle:
     events: asyncio.Queue | None = None
     arrival: float = field(default_factory=time.perf_counter)
     seq_id: int | None = None
+    queue_s: float = 0.0          # waiting time before admission
     sent: int = 0
     cancelled: bool = False
     finished: bool = False
@@ -129,7 +130,7 @@ class Scheduler:
             except SpecserveError as e:
                 self._finish_error(h, str(e), outcome="rejected")
                 continue
-            h.request_queue_s = time.perf_counter() - h.arrival
+            h.queue_s = time.perf_counter() - h.arrival
             self.active[h.seq_id] = h
             self._publish(h)
         # 3. one engine step over the whole batch
@@ -158,7 +159,7 @@ class Scheduler:
         h.finished = True
         del self.active[h.seq_id]
         if self.metrics is not None:
-            self.metrics.observe_result(result, queue_s=getattr(h, "request_queue_s", 0.0))
+            self.metrics.observe_result(result, queue_s=h.queue_s)
         h.push("done", result)
 
     def _finish_error(self, h: Handle, message: str, outcome: str = "error") -> None:

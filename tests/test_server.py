@@ -237,3 +237,19 @@ def test_request_timeout_is_504(llm):
         assert httpx.get(s.url + "/health").json()["running"] == 0
     finally:
         s.close()
+
+
+def test_bench_endpoint_against_our_server(server, tmp_path):
+    """``specserve bench --endpoint`` over streaming requests: every request completes and greedy text
+    is the same with and without speculation, at each concurrency level."""
+    from specserve.bench.runner import BenchConfig, run_endpoint_bench
+
+    cfg = BenchConfig(methods=[], groups=["qa", "translation"], per_group=2, max_tokens=8, out=str(tmp_path),
+                      concurrency=[1, 2])
+    doc = run_endpoint_bench(cfg, server.url + "/v1", "default", ["none", "ngram:k=4"])
+    assert len(doc["endpoint"]) == 4
+    for row in doc["endpoint"]:
+        assert row["completed"] == row["requests"] == 4
+        assert row["same_text_as_baseline"] == 4
+        assert row["ttft_s"]["p50"] > 0 and row["output_tok_s"] > 0
+    assert "| ngram:k=4 | 2 |" in (tmp_path / "report.md").read_text()

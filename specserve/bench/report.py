@@ -129,3 +129,19 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
     plt.close(fig)
     return str(path)
+
+
+def render_endpoint_report(doc: dict) -> str:
+    cfg = doc["config"]
+    lines = ["# specserve bench --endpoint", "", f"Command: `{cfg['command']}`", "",
+             f"Endpoint {cfg['endpoint']} (model `{cfg['endpoint_model']}`), streaming chat completions, greedy, "
+             f"{cfg['max_tokens']} max new tokens, closed loop. Metrics as `vllm bench serve` defines them.", "",
+             "| variant | concurrency | completed | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
+             "ITL p50/p99 ms | E2E p50/p99 s | same text as baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["endpoint"]:
+        lines.append(f"| {r['label']} | {r['concurrency']} | {r['completed']}/{r['requests']} | "
+                     f"{r['request_throughput']:.3f} | {r['output_tok_s']:.1f} | "
+                     f"{_ms(r['ttft_s']['p50'])}/{_ms(r['ttft_s']['p99'])} | {_ms(r['tpot_s']['p50'])}/{_ms(r['tpot_s']['p99'])} | "
+                     f"{_ms(r['itl_s']['p50'])}/{_ms(r['itl_s']['p99'])} | {r['e2e_s']['p50']:.2f}/{r['e2e_s']['p99']:.2f} | "
+                     f"{r['same_text_as_baseline']}/{r['requests']} |")
+    return "\n".join(lines) + "\n"

@@ -218,3 +218,36 @@ def run_peers(cfg: BenchConfig, model_path: str, ids: list[list[int]], base: lis
                         "tokens_per_second_total": sum(r["generated_tokens"] for r in recs) / total_s,
                         "same_greedy_text": sum(r["same_text"] for r in recs), "records": recs})
     return out
+
+
+def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str]) -> dict:
+    """``--endpoint``: the concurrency sweep against a running OpenAI-compatible server.
+
+    ``methods`` (e.g. ``none,ngram:k=4``) become specserve's ``speculative`` request extension; with
+    none given, requests carry no extension (any server).
+    """
+    from specserve.bench.endpoint import bench_endpoint
+    from specserve.bench.report import render_endpoint_report
+
+    prompts = (load_jsonl(cfg.prompts_file)[: cfg.per_group * len(cfg.groups)] if cfg.prompts_file
+               else spec_bench_sample(cfg.per_group, tuple(cfg.groups)))
+    texts = [p.text for p in prompts][: cfg.concurrency_prompts or len(prompts)]
+    variants = [(m.label, {"speculative": {"drafter": m.drafter, "num_draft": m.k}}) for m in map(Method.parse, methods)] \
+        or [("default", {})]
+    rows = []
+    for label, extra in variants:
+        rows += bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), label, extra)
+        print(f"  endpoint {label}: done", file=sys.stderr)
+    doc = {"config": vars(cfg) | {"command": " ".join(sys.argv), "endpoint": url, "endpoint_model": model},
+           "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                       "cpus": __import__("os").cpu_count()},
+           "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S"), "endpoint": rows}
+    base = next((r for r in rows if r["label"] in ("none", "default")), None)
+    for r in rows:   # greedy identity across variants at the same concurrency
+        ref = next((b for b in rows if b["label"] == (base or r)["label"] and b["concurrency"] == r["concurrency"]), None)
+        r["same_text_as_baseline"] = sum(a == b for a, b in zip(r["texts"], ref["texts"])) if ref else None
+    outdir = Path(cfg.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    (outdir / "report.md").write_text(render_endpoint_report(doc))
+    return doc

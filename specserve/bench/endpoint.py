@@ -1,0 +1,87 @@
+"""Benchmark any OpenAI-compatible server (ours, vLLM, SGLang, llama.cpp's) over streaming requests.
+
+Metrics follow ``vllm bench serve``: TTFT is the time from sending a request to its first streamed
+token; ITL the gaps between successive streamed chunks; TPOT (end-to-end - TTFT) / (output tokens -
+1); E2E the time to the last byte.  Output tokens come from the server's ``usage``
+(``stream_options.include_usage``), falling back to the number of content chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from specserve.bench.metrics import percentile
+
+
+async def _one(client, url: str, model: str, prompt: str, max_tokens: int, extra: dict) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}} | extra
+    t0 = time.perf_counter()
+    times, text, usage, error = [], [], None, None
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"ok": False, "status": r.status_code, "error": (await r.aread()).decode()[:200]}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if doc.get("usage"):
+                    usage = doc["usage"]
+                for ch in doc.get("choices", []):
+                    piece = (ch.get("delta") or {}).get("content")
+                    if piece:
+                        times.append(time.perf_counter() - t0)
+                        text.append(piece)
+    except Exception as e:  # noqa: BLE001 - counted as a failed request
+        error = f"{type(e).__name__}: {e}"
+    e2e = time.perf_counter() - t0
+    if error or not times:
+        return {"ok": False, "status": None, "error": error or "no tokens"}
+    n_out = usage["completion_tokens"] if usage else len(times)
+    return {"ok": True, "ttft_s": times[0], "e2e_s": e2e, "output_tokens": n_out,
+            "tpot_s": (e2e - times[0]) / (n_out - 1) if n_out > 1 else float("nan"),
+            "itl_s": [b - a for a, b in zip(times, times[1:])], "text": "".join(text)}
+
+
+async def _level(url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int, extra: dict) -> dict:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        async def run(p):
+            async with sem:
+                return await _one(client, url, model, p, max_tokens, extra)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(run(p) for p in prompts))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+
+    def dist(xs):
+        xs = [x for x in xs if x == x]
+        return {"mean": sum(xs) / len(xs) if xs else float("nan"), "p50": percentile(xs, 50),
+                "p90": percentile(xs, 90), "p99": percentile(xs, 99)}
+
+    return {"concurrency": concurrency, "requests": len(results), "completed": len(ok),
+            "failed": [r for r in results if not r["ok"]][:5], "wall_s": wall,
+            "request_throughput": len(ok) / wall, "output_tok_s": sum(r["output_tokens"] for r in ok) / wall,
+            "ttft_s": dist([r["ttft_s"] for r in ok]), "tpot_s": dist([r["tpot_s"] for r in ok]),
+            "itl_s": dist([x for r in ok for x in r["itl_s"]]), "e2e_s": dist([r["e2e_s"] for r in ok]),
+            "texts": [r.get("text") for r in results]}
+
+
+def bench_endpoint(url: str, model: str, prompts: list[str], max_tokens: int, levels: list[int],
+                   label: str = "", extra: dict | None = None) -> list[dict]:
+    """One closed-loop run per concurrency level (warm-up request first)."""
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    extra = extra or {}
+    asyncio.run(_level(url, model, prompts[:1], 8, 1, extra))
+    out = []
+    for c in levels:
+        res = asyncio.run(_level(url, model, prompts, max_tokens, c, extra))
+        out.append(res | {"label": label or url, "endpoint": url})
+    return out
