@@ -53,7 +53,9 @@ def llama_cpp_peer(model_path: str, k: int, n_ctx: int = 4096) -> dict[str, Call
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     plain = Llama(model_path, n_ctx=n_ctx, n_threads=2, verbose=False, logits_all=False)
-    lookup = Llama(model_path, n_ctx=n_ctx, n_threads=2, verbose=False,
+    # logits_all=True explicitly: llama-cpp-python 0.3.36 sizes its score buffer from the argument, not
+    # from the draft model's need for all logits, and fails on prompts longer than n_batch otherwise
+    lookup = Llama(model_path, n_ctx=n_ctx, n_threads=2, verbose=False, logits_all=True,
                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k))
 
     def run(llm) -> Callable:

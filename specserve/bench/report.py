@@ -60,6 +60,9 @@ def render_report(doc: dict) -> str:
         lines += ["", "## Peers (same prompts, greedy)", "",
                   "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
         for p in doc["peers"]:
+            if "error" in p:
+                lines.append(f"| {p['peer']} | failed after {p['requests']} prompts: {p['error']} | | |")
+                continue
             lines.append(f"| {p['peer']} | {p['tokens_per_second_mean']:.1f} | {p['tokens_per_second_total']:.1f} | "
                          f"{p['same_greedy_text']}/{p['requests']} |")
     if doc.get("plots"):

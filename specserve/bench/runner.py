@@ -86,6 +86,13 @@ def _versions() -> dict:
     return out
 
 
+def _checkpoint(doc: dict, out: str) -> None:
+    """Write results.json as it stands, so that a failure late in a long run loses nothing before it."""
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     from specserve.bench.costs import cost_curve, roofline
     from specserve.drafters import drafter_class
@@ -150,6 +157,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
             "groups": {g: summarize(rs) | {"speedup": speedups(rs, bs)} for g, (rs, bs) in groups.items() if rs},
         }
     doc["records"] = records
+    _checkpoint(doc, cfg.out)
 
     # 4. concurrency levels > 1, closed loop through the batched engine
     doc["concurrency"] = []
@@ -175,8 +183,11 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
                                        "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "itl_s": s["itl_s"],
                                        "e2e_s": s["e2e_s"], "mean_accepted_length": s["mean_accepted_length"]})
 
+    _checkpoint(doc, cfg.out)
+
     # 5. peers on the same prompts
     doc["peers"] = run_peers(cfg, target.path, ids, base, llm.tokenizer)
+    _checkpoint(doc, cfg.out)
 
     # 6. files
     from specserve.bench.report import render_report, write_plots
@@ -204,14 +215,19 @@ def run_peers(cfg: BenchConfig, model_path: str, ids: list[list[int]], base: lis
             raise SpecserveError(f"unknown peer {name!r}; choose from transformers, llama.cpp")
         ours = [tokenizer.decode(b["tokens"]) for b in base]
         for label, go in runners.items():
-            go(ids[0][:32], 8)                                     # warm-up
             recs = []
-            for i, pid in enumerate(ids):
-                toks, secs = go(pid, cfg.max_tokens)
-                recs.append({"generated_tokens": len(toks), "seconds": secs,
-                             "tokens_per_second": len(toks) / secs if secs else 0.0,
-                             "same_text": tokenizer.decode(toks) == ours[i]})
-                _progress(label, i + 1, len(ids))
+            try:
+                go(ids[0][:32], 8)                                 # warm-up
+                for i, pid in enumerate(ids):
+                    toks, secs = go(pid, cfg.max_tokens)
+                    recs.append({"generated_tokens": len(toks), "seconds": secs,
+                                 "tokens_per_second": len(toks) / secs if secs else 0.0,
+                                 "same_text": tokenizer.decode(toks) == ours[i]})
+                    _progress(label, i + 1, len(ids))
+            except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
+                out.append({"peer": label, "error": f"{type(e).__name__}: {e}"[:300], "requests": len(recs)})
+                print(f"\n  {label} failed: {e}", file=sys.stderr)
+                continue
             total_s = sum(r["seconds"] for r in recs)
             out.append({"peer": label, "requests": len(recs),
                         "tokens_per_second_mean": sum(r["tokens_per_second"] for r in recs) / len(recs),
