@@ -29,8 +29,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=0.8, help="oracle acceptance probability (synthetic)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--kernels", default="auto", help="auto, torch or fbgemm")
-    p.add_argument("--attention", default="auto", help="auto, sdpa or invariant")
+    p.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch (auto: native when this CPU and compiler allow)")
+    p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
     p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
 
 
@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu")
     b.add_argument("--kernels", default="auto")
     b.add_argument("--attention", default="auto")
+    f = sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, overhead)")
+    f.add_argument("--model", default="default")
+    f.add_argument("--runtimes", default="auto", help="comma-separated kernels settings to compare, e.g. fbgemm,native")
+    f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
+    f.add_argument("--batch", type=int, default=1)
+    f.add_argument("--context", type=int, default=256, help="cached positions before the pass")
+    f.add_argument("--reps", type=int, default=20)
+    f.add_argument("--json", default=None, help="also write the rows to this JSON file")
     return parser
 
 
@@ -115,6 +123,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
     print(render_report(doc))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import json
+
+    from specserve.bench.profile import format_profile, profile_pass
+    from specserve.models.loader import RuntimeOptions, load_model
+
+    tokens = _ints(args.tokens, "--tokens")
+    if not tokens or min(tokens) < 1 or args.batch < 1 or args.context < 1 or args.reps < 1:
+        raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
+    rows = []
+    for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
+        lm = load_model(args.model, RuntimeOptions(kernels=kernels))
+        for t in tokens:
+            rows.append(profile_pass(lm, t, args.context, args.reps, args.batch))
+    print(format_profile(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 
@@ -215,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         import warnings
         warnings.filterwarnings("ignore")
-        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
+                "profile": cmd_profile}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from specserve.models.config import ModelConfig
-from specserve.models.llama import Transformer
-from specserve.models.loader import LoadedModel, RuntimeOptions
+from specserve.models.loader import LoadedModel, RuntimeOptions, build_model
 
 
 def tiny_state_dict(cfg: ModelConfig, seed: int, scale: float = 0.5) -> dict[str, torch.Tensor]:
@@ -48,11 +47,11 @@ def tiny_config(vocab: int = 64, layers: int = 2, arch: str = "llama", **kw) -> 
     return ModelConfig(**base)
 
 
-def tiny_model(seed: int = 0, kernels: str = "fbgemm", attention: str = "invariant", scale: float = 0.5,
+def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", scale: float = 0.5,
                sd: dict | None = None, **kw) -> LoadedModel:
     """A LoadedModel around random weights (no files); ``path`` is a unique label."""
     cfg = tiny_config(**kw)
     sd = sd if sd is not None else tiny_state_dict(cfg, seed, scale)
     opts = RuntimeOptions("float32", "cpu", kernels, attention).resolve()
-    model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
+    model = build_model(cfg, sd, opts)
     return LoadedModel(model=model, config=cfg, path=f"<tiny seed={seed} scale={scale}>", options=opts)

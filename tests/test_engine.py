@@ -12,9 +12,10 @@ from specserve.sampling import SamplingParams
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7], [10, 20, 30, 40, 50, 60, 10, 20] * 3, [5], [9, 8, 7, 6, 5, 4]]
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_model(seed=21, vocab=64, layers=2)
+@pytest.fixture(scope="module", params=["native", "fbgemm"])
+def target(request):
+    """Every engine test runs on both batch-invariant runtimes."""
+    return tiny_model(seed=21, vocab=64, layers=2, kernels=request.param)
 
 
 def drafters_for(target):

@@ -35,10 +35,12 @@ def hf_tiny(tmp_path, arch: str):
     return str(tmp_path), model
 
 
+@pytest.mark.parametrize("kernels", ["torch", "native"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
-def test_logits_match_transformers(tmp_path, arch):
+def test_logits_match_transformers(tmp_path, arch, kernels):
     path, hf = hf_tiny(tmp_path, arch)
-    ours = load_model(path, RuntimeOptions(kernels="torch", attention="sdpa"))
+    ours = load_model(path, RuntimeOptions(kernels=kernels))
+    assert ours.options.kernels == kernels
     ids = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids).logits
@@ -81,12 +83,27 @@ def test_config_errors_are_one_line():
         RuntimeOptions(dtype="bfloat16", kernels="fbgemm").resolve()
     with pytest.raises(SpecserveError, match="unknown dtype"):
         RuntimeOptions(dtype="int3").resolve()
+    with pytest.raises(SpecserveError, match="native needs device=cpu and dtype=float32"):
+        RuntimeOptions(dtype="bfloat16", kernels="native").resolve()
+    with pytest.raises(SpecserveError, match="has its own attention"):
+        RuntimeOptions(kernels="native", attention="sdpa").resolve()
+    with pytest.raises(SpecserveError, match="attention=native needs kernels=native"):
+        RuntimeOptions(kernels="torch", attention="native").resolve()
+    with pytest.raises(SpecserveError, match="unknown kernels"):
+        RuntimeOptions(kernels="cuda-graphs").resolve()
 
 
-def test_batch_invariant_runtime():
-    """fbgemm + invariant attention: the logits of a token are bit-identical whether it is scored in
-    a 1-token pass, in a (k+1)-token verification pass, or next to other sequences in a batch."""
-    lm = tiny_model(seed=3, vocab=64, layers=2)
+def test_auto_picks_native_and_never_rewrites_an_explicit_choice():
+    assert RuntimeOptions().resolve().kernels == "native"
+    assert RuntimeOptions(kernels="fbgemm").resolve() == RuntimeOptions("float32", "cpu", "fbgemm", "invariant")
+    assert RuntimeOptions(attention="sdpa").resolve().kernels == "fbgemm"
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm"])
+def test_batch_invariant_runtime(kernels):
+    """native, and fbgemm + invariant attention: the logits of a token are bit-identical whether it
+    is scored in a 1-token pass, in a (k+1)-token verification pass, or next to other sequences."""
+    lm = tiny_model(seed=3, vocab=64, layers=2, kernels=kernels)
     assert lm.options.batch_invariant
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 64, (1, 70), generator=g)
@@ -105,6 +122,10 @@ def test_batch_invariant_runtime():
     out = m(batch, c2, [2, 1], [70, 130]).logits
     for i in range(9):
         assert torch.equal(out[0, i], ref[i])
+    if kernels == "native":   # native prefill is invariant too: a prompt fed whole or token by token
+        c3 = m.new_cache(1, 256)
+        steps = [m(prompt[:, i:i + 1], c3, [0], [i]).logits[0, 0] for i in range(70)]
+        assert torch.equal(torch.stack(steps), m(prompt, m.new_cache(1, 256), [0], [0]).logits[0])
 
 
 def test_kv_rollback_is_a_length_change():

@@ -60,11 +60,18 @@ def test_runtime_is_batch_invariant(llm):
     assert llm.target.options.batch_invariant
 
 
-def test_logits_match_transformers_float32():
-    """Our fp32 runtime (kernels=torch) against transformers' own GGUF loading: max |diff| <= 1e-4."""
+def test_default_runtime_is_native(llm):
+    assert llm.target.options.kernels == "native"
+
+
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_logits_match_transformers_float32(kernels):
+    """Our fp32 runtimes against transformers' own GGUF loading: max |diff| <= 1e-4.  kernels=native
+    reads the Q4_1 / Q8_0 blocks directly and dequantizes them exactly, so only the summation order
+    differs from transformers' fp32 weights."""
     from transformers import AutoModelForCausalLM
 
-    ours = load_model("default", RuntimeOptions(kernels="torch", attention="sdpa"))
+    ours = load_model("default", RuntimeOptions(kernels=kernels))
     directory, gguf_file = ours.tokenizer_source()
     hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32).eval()
     ids = torch.randint(0, ours.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
@@ -88,6 +95,16 @@ def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     batched = Engine(target, {name: drafters[name]()}, max_batch=n, max_len=1024)
     outs = batched.generate([Request(p, N_TOKENS, drafter=name, num_draft=k) for p in prompts[:n]])
     assert [o.tokens for o in outs] == plain[:n]
+
+
+def test_greedy_identity_fbgemm_runtime(prompts):
+    """The other batch-invariant runtime (FBGEMM fp16 weights + invariant attention): ngram, k = 4."""
+    fb = LLM("default", RuntimeOptions(kernels="fbgemm"), max_batch=3, max_len=1024)
+    few = prompts[:3]
+    ref = [fb.engine.generate([Request(p, N_TOKENS)])[0].tokens for p in few]
+    eng = Engine(fb.target, {"ngram": create("ngram", fb.target)}, max_batch=3, max_len=1024)
+    outs = eng.generate([Request(p, N_TOKENS, drafter="ngram", num_draft=4) for p in few])
+    assert [o.tokens for o in outs] == ref
 
 
 def test_chat_prompt_and_stop_string(llm):

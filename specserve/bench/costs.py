@@ -10,7 +10,10 @@ from specserve.models.loader import LoadedModel
 
 
 def weight_bytes(lm: LoadedModel) -> int:
-    """Bytes of weights a decoding pass reads, as the runtime stores them (fbgemm: fp16)."""
+    """Bytes of weights a decoding pass reads, as the runtime stores them (native: the GGUF blocks;
+    fbgemm: fp16)."""
+    if hasattr(lm.model, "weight_bytes"):
+        return lm.model.weight_bytes()
     per = 2 if lm.options.kernels == "fbgemm" else torch.empty(0, dtype=lm.model.dtype).element_size()
     return lm.config.num_params * per
 

@@ -18,22 +18,40 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.models.config import ModelConfig
 from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
+from specserve.models import native as native_fmt
 from specserve.models.llama import Transformer
+from specserve.models.native import NativeWeight
+from specserve.models.native.model import NativeTransformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+KERNELS = ("native",) + LINEAR_KERNELS
+ATTENTIONS = ("native",) + ATTENTION
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How to run a model.  ``auto`` choices are resolved by ``resolve`` and never rewritten later."""
+    """How to run a model.  ``auto`` choices are resolved by ``resolve`` and never rewritten later.
+
+    kernels:
+      ``native``: our AVX2 kernels (specserve/models/native): weights kept in their stored blocks
+      (GGUF Q4_1 / Q8_0, fp32 otherwise), fp32 activations, batch-invariant by construction.
+      ``fbgemm``: torch modules with FBGEMM fp16-weight linears; batch-invariant with
+      ``attention=invariant``.  ``torch``: plain torch ops (Hugging Face numerics; not invariant).
+    ``auto`` picks native on an x86-64 CPU with AVX2/FMA/F16C and a C++ compiler, else fbgemm on
+    CPU, else torch.
+    """
     dtype: str = "float32"
     device: str = "cpu"
-    kernels: str = "auto"       # auto | torch | fbgemm
-    attention: str = "auto"     # auto | sdpa | invariant
+    kernels: str = "auto"       # auto | native | torch | fbgemm
+    attention: str = "auto"     # auto | native | sdpa | invariant
 
     def resolve(self) -> "RuntimeOptions":
         """Fill in ``auto`` and refuse impossible combinations, with the reason."""
+        from specserve.models import native
+
         if self.dtype not in DTYPES:
             raise SpecserveError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -41,26 +59,41 @@ class RuntimeOptions:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecserveError(f"unknown device {self.device!r}; use cpu or cuda[:N]")
         kernels, attention = self.kernels, self.attention
+        on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
         if kernels == "auto":
-            on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
-            kernels = "fbgemm" if on_cpu_fp32 and fbgemm_available() else "torch"
-        if kernels not in LINEAR_KERNELS:
-            raise SpecserveError(f"unknown kernels {kernels!r}; choose from auto, {', '.join(LINEAR_KERNELS)}")
+            if on_cpu_fp32 and attention in ("auto", "native") and native.unavailable_reason() is None:
+                kernels = "native"
+            else:
+                kernels = "fbgemm" if on_cpu_fp32 and fbgemm_available() else "torch"
+        if kernels not in KERNELS:
+            raise SpecserveError(f"unknown kernels {kernels!r}; choose from auto, {', '.join(KERNELS)}")
+        if kernels == "native":
+            if not on_cpu_fp32:
+                raise SpecserveError("kernels=native needs device=cpu and dtype=float32 (fp32 activations)")
+            reason = native.unavailable_reason()
+            if reason:
+                raise SpecserveError(f"kernels=native is unavailable: {reason}")
+            if attention not in ("auto", "native"):
+                raise SpecserveError(f"kernels=native has its own attention; attention={attention!r} needs "
+                                     "kernels=torch or fbgemm")
+            return RuntimeOptions(self.dtype, self.device, "native", "native")
         if kernels == "fbgemm":
-            if self.device != "cpu" or self.dtype != "float32":
+            if not on_cpu_fp32:
                 raise SpecserveError("kernels=fbgemm needs device=cpu and dtype=float32 (fp16 weights, fp32 activations)")
             if not fbgemm_available():
                 raise SpecserveError("kernels=fbgemm requested but this torch build has no FBGEMM fp16 GEMM")
         if attention == "auto":
             attention = "invariant" if kernels == "fbgemm" else "sdpa"
-        if attention not in ATTENTION:
-            raise SpecserveError(f"unknown attention {attention!r}; choose from auto, {', '.join(ATTENTION)}")
+        if attention == "native":
+            raise SpecserveError("attention=native needs kernels=native")
+        if attention not in ATTENTIONS:
+            raise SpecserveError(f"unknown attention {attention!r}; choose from auto, {', '.join(ATTENTIONS)}")
         return RuntimeOptions(self.dtype, self.device, kernels, attention)
 
     @property
     def batch_invariant(self) -> bool:
         """True when a token's logits do not depend on how many rows share its pass."""
-        return self.kernels == "fbgemm" and self.attention == "invariant"
+        return self.kernels == "native" or (self.kernels == "fbgemm" and self.attention == "invariant")
 
 
 @dataclass
@@ -109,18 +142,31 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
     """Load weights into our Transformer on the requested dtype, device and kernels."""
     opts = (options or RuntimeOptions()).resolve()
     path = resolve_model_path(spec)
+    native = opts.kernels == "native"
     if path.endswith(".gguf"):
-        cfg, sd = _read_gguf(path)
+        cfg, sd = _read_gguf(path, keep_blocks=native)
     else:
         cfg, sd = _read_hf_dir(path)
-    dtype = DTYPES[opts.dtype]
-    sd = {k: v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}
     try:
-        model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
+        model = build_model(cfg, sd, opts)
     except KeyError as e:
         raise SpecserveError(f"{path}: missing weight {e.args[0]!r}") from None
-    model.cos, model.sin = model.cos.to(opts.device), model.sin.to(opts.device)
+    except ValueError as e:
+        raise SpecserveError(f"{path}: {e}") from None
     return LoadedModel(model=model, config=cfg, path=path, options=opts)
+
+
+def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> "Transformer | NativeTransformer":
+    """The runtime ``opts`` (resolved) names, around Hugging Face-named weights ``sd``."""
+    dtype = DTYPES[opts.dtype]
+    sd = {k: v if isinstance(v, NativeWeight) else v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}
+    if opts.kernels == "native":
+        return NativeTransformer(cfg, sd)
+    if any(isinstance(v, NativeWeight) for v in sd.values()):
+        sd = {k: v.dequantize() if isinstance(v, NativeWeight) else v for k, v in sd.items()}
+    model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
+    model.cos, model.sin = model.cos.to(opts.device), model.sin.to(opts.device)
+    return model
 
 
 def _read_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -150,7 +196,14 @@ def _gguf_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+# GGUF block types the native kernels read as they are stored.
+_NATIVE_GGUF = {"Q4_1": native_fmt.Q4_1, "Q8_0": native_fmt.Q8_0, "F16": native_fmt.F16}
+
+
+def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:
+    """Config and Hugging Face-named weights of a GGUF file.  With ``keep_blocks``, matrices in a
+    format the native kernels read stay in their blocks (``NativeWeight``); otherwise everything is
+    dequantized to fp32 by gguf's reference code."""
     import gguf
     import numpy as np
 
@@ -172,7 +225,12 @@ def _read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     cfg = ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names)
     sd: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
+            data = torch.from_numpy(np.array(t.data)).view(torch.uint8)
+            w = NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
+                             (int(t.shape[1]), int(t.shape[0])))
+        else:
+            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
         parts = t.name.split(".")
         if t.name == "token_embd.weight":
             sd["model.embed_tokens.weight"] = w
@@ -181,9 +239,11 @@ def _read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         elif t.name == "output.weight":
             sd["lm_head.weight"] = w
         elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
-            if parts[2] == "attn_q":
-                w = _gguf_unpermute(w, cfg.num_heads)
-            elif parts[2] == "attn_k":
-                w = _gguf_unpermute(w, cfg.num_kv_heads)
+            if parts[2] in ("attn_q", "attn_k"):
+                heads = cfg.num_heads if parts[2] == "attn_q" else cfg.num_kv_heads
+                if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
+                    w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
+                else:
+                    w = _gguf_unpermute(w, heads)
             sd[f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"] = w
     return cfg, sd

@@ -1,0 +1,162 @@
+"""Native CPU kernels (``kernels.cpp``): built on first use with the system C++ compiler, loaded
+with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
+
+No torch headers and no ninja are needed: the library exports plain C functions over raw pointers.
+It links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has already loaded, so both
+share one thread pool.  The flags target AVX2 + FMA + F16C only (never ``-march=native``), so a
+library built on one x86-64 machine runs on any other with those extensions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
+         "-fPIC", "-shared"]
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+ABI_VERSION = 1
+
+# Weight formats (the ``Fmt`` enum of kernels.cpp).
+F32, F16, Q8_0, Q4_1 = 0, 1, 2, 3
+FORMAT_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_1: "q4_1"}
+BLOCK = {F32: 8, F16: 8, Q8_0: 32, Q4_1: 32}          # in_features must be a multiple of this
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def unavailable_reason() -> str | None:
+    """Why the native kernels cannot run here, or None when they can."""
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)} (native kernels need AVX2, FMA and F16C on x86-64 Linux)"
+    try:
+        library()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found (install g++ or set CXX) to build the native kernels")
+    return cxx
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """Build (once per source/flags/compiler) and load the kernel library."""
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from None
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    target = cache_dir() / f"specserve_kernels_{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"building the native kernels failed: {proc.stderr.strip()[-2000:]}")
+            os.replace(out, target)                       # atomic: concurrent builders are harmless
+    lib = ctypes.CDLL(str(target))
+    if lib.ss_abi_version() != ABI_VERSION:
+        raise RuntimeError(f"stale native kernel library {target}")
+    i64, p, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    sigs = {
+        "ss_row_bytes": ([i32, i64], i64),
+        "ss_linear": ([p, i64, i64, p, i32, i64, p, p, i32], None),
+        "ss_embed": ([p, i64, p, i32, i64, p], None),
+        "ss_rmsnorm": ([p, p, i64, i64, f32, p], None),
+        "ss_silu_mul": ([p, i64, i64, p], None),
+        "ss_rope_cache": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
+        "ss_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, f32, p], None),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+class NativeWeight:
+    """A weight matrix [out, in] as the native kernels read it: rows of ``fmt`` blocks (uint8)."""
+
+    def __init__(self, data: torch.Tensor, fmt: int, shape: tuple[int, int]):
+        n, k = shape
+        if k % BLOCK[fmt]:
+            raise ValueError(f"in_features {k} is not a multiple of {BLOCK[fmt]} ({FORMAT_NAMES[fmt]})")
+        rb = row_bytes(fmt, k)
+        if data.dtype != torch.uint8 or tuple(data.shape) != (n, rb):
+            raise ValueError(f"{FORMAT_NAMES[fmt]} weight of shape {shape} needs uint8 data [{n}, {rb}], "
+                             f"got {data.dtype} {tuple(data.shape)}")
+        self.data, self.fmt, self.shape = data.contiguous(), fmt, (n, k)
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor, fmt: int = F32) -> "NativeWeight":
+        if fmt == F32:
+            data = w.detach().to(torch.float32).contiguous()
+        elif fmt == F16:
+            data = w.detach().to(torch.float16).contiguous()
+        else:
+            raise ValueError(f"cannot store a float tensor as {FORMAT_NAMES[fmt]}")
+        return cls(data.view(torch.uint8).reshape(w.shape[0], -1), fmt, tuple(w.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 values the kernels use: [out, in]."""
+        n, k = self.shape
+        out, idx = torch.empty(n, k), torch.arange(n)
+        library().ss_embed(idx.data_ptr(), n, self.data.data_ptr(), self.fmt, k, out.data_ptr())
+        return out
+
+    @staticmethod
+    def cat(parts: list["NativeWeight"]) -> "NativeWeight":
+        """Stack along out_features (fused QKV / gate-up); all parts must share format and in_features."""
+        fmt, k = parts[0].fmt, parts[0].shape[1]
+        if any(p.fmt != fmt or p.shape[1] != k for p in parts):
+            return NativeWeight.from_float(torch.cat([p.dequantize() for p in parts]))
+        return NativeWeight(torch.cat([p.data for p in parts]), fmt, (sum(p.shape[0] for p in parts), k))
+
+
+def row_bytes(fmt: int, k: int) -> int:
+    return {F32: k * 4, F16: k * 2, Q8_0: k // 32 * 34, Q4_1: k // 32 * 20}[fmt]
+
+
+def linear(x: torch.Tensor, w: NativeWeight, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x: [M, in] fp32 contiguous -> [M, out]; with ``accumulate``, ``out`` += x W^T (+ bias)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if out is None:
+        out = torch.empty(m, n)
+    library().ss_linear(x.data_ptr(), m, k, w.data.data_ptr(), w.fmt, n,
+                        bias.data_ptr() if bias is not None else None, out.data_ptr(), int(accumulate))
+    return out

@@ -1,0 +1,150 @@
+"""The Llama-family decoder on the native CPU kernels (``kernels=native``).
+
+Same contract as ``specserve.models.llama.Transformer`` (``forward``, ``new_cache``, ``config``), a
+different runtime: weights stay in the blocks they were stored in (Q4_1 / Q8_0 GGUF blocks, fp32
+for float checkpoints), activations are fp32, and each layer is nine calls into ``kernels.cpp``
+over preallocated-per-pass buffers.  Every kernel is batch-invariant by construction (see the
+header of kernels.cpp), for decoding, verification and prefill alike, so one token's logits are
+bit-identical however many tokens, rows or cache slots share its pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from specserve.models.config import ModelConfig
+from specserve.models.kv_cache import KVCache
+from specserve.models.layers import KEY_BLOCK, rope_inv_freq, rope_tables
+from specserve.models.llama import ForwardOutput
+from specserve.models.native import NativeWeight, library, linear
+
+MAX_HEAD_DIM = 256
+
+
+def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
+    return w if isinstance(w, NativeWeight) else NativeWeight.from_float(w)
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t.detach().to(torch.float32).contiguous()
+
+
+class _Layer:
+    """One decoder block's weights."""
+
+    def __init__(self, cfg: ModelConfig, sd: dict, i: int):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        self.attn_norm = _f32(sd[f"{p}.input_layernorm.weight"])
+        self.qkv = NativeWeight.cat([as_native(sd[f"{a}.{n}_proj.weight"]) for n in "qkv"])
+        self.qkv_bias = (torch.cat([_f32(sd[f"{a}.{n}_proj.bias"]) for n in "qkv"])
+                         if cfg.attention_bias else None)
+        self.q_norm = _f32(sd[f"{a}.q_norm.weight"]) if cfg.qk_norm else None
+        self.k_norm = _f32(sd[f"{a}.k_norm.weight"]) if cfg.qk_norm else None
+        self.o = as_native(sd[f"{a}.o_proj.weight"])
+        self.ffn_norm = _f32(sd[f"{p}.post_attention_layernorm.weight"])
+        m = f"{p}.mlp"
+        self.gate_up = NativeWeight.cat([as_native(sd[f"{m}.gate_proj.weight"]), as_native(sd[f"{m}.up_proj.weight"])])
+        self.down = as_native(sd[f"{m}.down_proj.weight"])
+
+    def weights(self) -> list[NativeWeight]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+
+class NativeTransformer(nn.Module):
+    """A Llama-family decoder on the native kernels.  ``sd`` uses Hugging Face parameter names;
+    values are float tensors or ``NativeWeight`` blocks (from a GGUF file)."""
+
+    kernel = "native"
+    attention = "native"
+
+    def __init__(self, cfg: ModelConfig, sd: dict):
+        super().__init__()
+        if cfg.head_dim % 8 or cfg.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"native kernels need head_dim a multiple of 8 and <= {MAX_HEAD_DIM}, got {cfg.head_dim}")
+        if cfg.hidden_size % 8 or cfg.intermediate_size % 8:
+            raise ValueError("native kernels need hidden_size and intermediate_size multiples of 8")
+        self.lib = library()
+        self.config = cfg
+        self.embed = as_native(sd["model.embed_tokens.weight"])
+        self.layers = [_Layer(cfg, sd, i) for i in range(cfg.num_layers)]
+        self.norm = _f32(sd["model.norm.weight"])
+        self.lm_head = self.embed if cfg.tie_word_embeddings else as_native(sd["lm_head.weight"])
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decoding pass reads."""
+        ws = [w for layer in self.layers for w in layer.weights()] + [self.lm_head]
+        return sum(w.nbytes for w in ws)
+
+    def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
+                       torch.float32, "cpu", block=KEY_BLOCK, slack=slack)
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int],
+                last_only: bool = False, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Feed ``tokens`` [B, T]; row b's tokens go to cache row ``rows[b]`` at positions
+        ``start[b] .. start[b]+T-1`` and attend to every cached position up to their own."""
+        cfg, lib = self.config, self.lib
+        bsz, t = tokens.shape
+        m = bsz * t
+        if max(start) + t > cache.capacity or max(start) + t > self.cos.shape[0]:
+            raise ValueError(f"positions up to {max(start) + t} exceed cache capacity {cache.capacity}")
+        if cache.k[0].dtype != torch.float32:
+            raise ValueError("the native runtime needs a float32 KV cache")
+        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        hid, inter, cap = cfg.hidden_size, cfg.intermediate_size, cache.capacity
+        tok = tokens.reshape(-1).to(torch.int64).contiguous()
+        pos = (torch.tensor(start, dtype=torch.int64)[:, None] + torch.arange(t)[None]).reshape(-1).contiguous()
+        rows_t = torch.tensor(rows, dtype=torch.int64)
+        x = torch.empty(m, hid)
+        hbuf = torch.empty(m, hid)
+        qkv = torch.empty(m, (h + 2 * hkv) * d)
+        q = torch.empty(m, h * d)
+        att = torch.empty(m, h * d)
+        gu = torch.empty(m, 2 * inter)
+        act = torch.empty(m, inter)
+        eps, scale = float(cfg.rms_norm_eps), float(d ** -0.5)
+        lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
+        hidden: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in hidden_layers:
+                hidden[i] = x.view(bsz, t, hid).clone()
+            kc, vc = cache.k[i], cache.v[i]
+            # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
+            lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
+            linear(hbuf, layer.qkv, layer.qkv_bias, out=qkv)
+            lib.ss_rope_cache(qkv.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(), rows_t.data_ptr(),
+                              pos.data_ptr(), bsz, t, h, hkv, cap, d,
+                              layer.q_norm.data_ptr() if layer.q_norm is not None else None,
+                              layer.k_norm.data_ptr() if layer.k_norm is not None else None,
+                              eps, q.data_ptr(), kc.data_ptr(), vc.data_ptr())
+            lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), pos.data_ptr(),
+                             bsz, t, h, hkv, cap, d, scale, att.data_ptr())
+            linear(att, layer.o, out=x, accumulate=True)
+            # 2. feed-forward: norm -> fused gate/up -> silu * up -> down (+= residual)
+            lib.ss_rmsnorm(x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
+            linear(hbuf, layer.gate_up, out=gu)
+            lib.ss_silu_mul(gu.data_ptr(), m, inter, act.data_ptr())
+            linear(act, layer.down, out=x, accumulate=True)
+        lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
+        out = hbuf.view(bsz, t, hid)
+        if cfg.num_layers in hidden_layers:
+            hidden[cfg.num_layers] = out.clone()
+        if last_only:
+            out = out[:, -1:].contiguous()
+        logits = linear(out.reshape(-1, hid), self.lm_head)
+        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]), hidden=hidden)
