@@ -29,6 +29,16 @@
 
 namespace {
 
+#ifndef M1_ROWS
+#define M1_ROWS 2
+#endif
+#ifndef MT_ROWS
+#define MT_ROWS 3
+#endif
+#ifndef M1_FUSED
+#define M1_FUSED 1
+#endif
+
 enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3 };
 
 inline float h2f(const uint8_t* p) {
@@ -148,39 +158,45 @@ void dequant_rows(const uint8_t* w, int64_t rb, int64_t rows, int64_t K, float* 
     }
 }
 
+template <int F, int NB, int MB>
+inline void tile_rows(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
+                      const float* bias, bool acc) {
+  tile<F, MB, NB>(x, K, w, rb, y, N, bias, acc);
+}
+
+// All M tokens against NB rows, in groups of at most MB_MAX tokens of near-equal size.
 template <int F, int NB>
 inline void tiles_m(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
                     const float* bias, bool acc) {
-  constexpr int MB = 6;
+  constexpr int64_t MB_MAX = 12 / NB < 6 ? 12 / NB : 6;
+  const int64_t groups = (M + MB_MAX - 1) / MB_MAX;
   int64_t m = 0;
-  for (; m + MB <= M; m += MB) tile<F, MB, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc);
-  switch (M - m) {
-    case 1: tile<F, 1, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc); break;
-    case 2: tile<F, 2, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc); break;
-    case 3: tile<F, 3, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc); break;
-    case 4: tile<F, 4, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc); break;
-    case 5: tile<F, 5, NB>(x + m * K, K, w, rb, y + m * N, N, bias, acc); break;
-    default: break;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t size = (M - m) / (groups - g);
+    const float* xg = x + m * K;
+    float* yg = y + m * N;
+    switch (size) {
+      case 1: tile_rows<F, NB, 1>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 2: tile_rows<F, NB, 2>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 3: tile_rows<F, NB, 3>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 4: tile_rows<F, NB, 4>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 5: if constexpr (MB_MAX >= 5) tile_rows<F, NB, 5>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 6: if constexpr (MB_MAX >= 6) tile_rows<F, NB, 6>(xg, K, w, rb, yg, N, bias, acc); break;
+      default: break;
+    }
+    m += size;
   }
 }
 
 // One token: 8 output rows at a time with on-the-fly dequantization (memory-bound regime).
 // Several tokens: 2 output rows are dequantized once into a per-thread buffer, then every group of
 // up to 6 tokens runs over the buffer (compute-bound regime).  Both give the same bits.
-template <int F>
-void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
-                 float* y, bool acc) {
+// Output rows are split in tiles of NB rows over the threads; a tile's rows are dequantized once
+// into a per-thread fp32 buffer (exact values), then every group of tokens runs over the buffer.
+template <int F, int NB>
+void linear_tiles(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
+                  float* y, bool acc) {
   const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes;
-  if (M == 1) {
-    constexpr int NB = 8;
-    const int64_t tiles = N / NB;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t)
-      tile<F, 1, NB>(x, K, w + t * NB * rb, rb, y + t * NB, N, bias ? bias + t * NB : nullptr, acc);
-    for (int64_t n = tiles * NB; n < N; ++n) tile<F, 1, 1>(x, K, w + n * rb, rb, y + n, N, bias ? bias + n : nullptr, acc);
-    return;
-  }
-  constexpr int NB = 2;
   const int64_t tiles = (N + NB - 1) / NB;
 #pragma omp parallel
   {
@@ -189,18 +205,39 @@ void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t n0 = t * NB, nb = N - n0 < NB ? N - n0 : NB;
       const float* bb = bias ? bias + n0 : nullptr;
-      const uint8_t* wt = w + n0 * rb;
-      if (F == F32) {
-        if (nb == NB) tiles_m<F32, NB>(x, M, K, wt, rb, y + n0, N, bb, acc);
-        else tiles_m<F32, 1>(x, M, K, wt, rb, y + n0, N, bb, acc);
+      const uint8_t* src = w + n0 * rb;
+      int64_t stride = rb;
+      if (F != F32) {
+        dequant_rows<F>(src, rb, nb, K, buf);
+        src = reinterpret_cast<const uint8_t*>(buf);
+        stride = K * 4;
+      }
+      if (nb == NB) {
+        tiles_m<F32, NB>(x, M, K, src, stride, y + n0, N, bb, acc);
       } else {
-        dequant_rows<F>(wt, rb, nb, K, buf);
-        const uint8_t* wb = reinterpret_cast<const uint8_t*>(buf);
-        if (nb == NB) tiles_m<F32, NB>(x, M, K, wb, K * 4, y + n0, N, bb, acc);
-        else tiles_m<F32, 1>(x, M, K, wb, K * 4, y + n0, N, bb, acc);
+        for (int64_t r = 0; r < nb; ++r)
+          tiles_m<F32, 1>(x, M, K, src + r * stride, stride, y + n0 + r, N, bb ? bb + r : nullptr, acc);
       }
     }
     std::free(buf);
+  }
+}
+
+// One token: 8 independent accumulator chains per tile; several tokens: 3 rows x up to 4 tokens.
+template <int F>
+void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
+                 float* y, bool acc) {
+  if (M == 1 && M1_FUSED) {
+    constexpr int NB = M1_ROWS;
+    const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes, tiles = N / NB;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t)
+      tile<F, 1, NB>(x, K, w + t * NB * rb, rb, y + t * NB, N, bias ? bias + t * NB : nullptr, acc);
+    for (int64_t n = tiles * NB; n < N; ++n) tile<F, 1, 1>(x, K, w + n * rb, rb, y + n, N, bias ? bias + n : nullptr, acc);
+  } else if (M == 1) {
+    linear_tiles<F, M1_ROWS>(x, M, K, w, N, bias, y, acc);
+  } else {
+    linear_tiles<F, MT_ROWS>(x, M, K, w, N, bias, y, acc);
   }
 }
 
@@ -359,48 +396,90 @@ void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const i
 
 // q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; rows: [B]; pos: [B*T]; out: [B*T, H, D].
 // Token (b, t) attends to cache positions 0..pos[b, t] of row rows[b].
+// Work is split by (row, kv head, group of up to QG query heads sharing that kv head), so a key or
+// value block loaded for one query is reused from L1 by the others.  Each query's result is the
+// same sequence of operations whatever group it is in: scores by scores8, softmax with a lane-wise
+// sum, then o += p_j v_j in key order (o parked in memory between key chunks: exact).
 void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* pos,
                   int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
-  const int64_t tasks = B * T * H, G = H / Hkv;
+  const int64_t G = H / Hkv, per_head = T * G;
+  const int64_t QG = per_head >= 8 ? 4 : 1;
+  const int64_t chunks = (per_head + QG - 1) / QG, tasks = B * Hkv * chunks;
+  const int64_t stride = ((C + 15) / 16) * 16;           // score row, room for a full last group
+  constexpr int64_t KEY_CHUNK = 64;
 #pragma omp parallel
   {
-    float* s = static_cast<float*>(std::aligned_alloc(64, ((C + 15) / 16) * 64));
-    __m256 o[32];
-#pragma omp for schedule(dynamic, 2)
+    float* s = static_cast<float*>(std::aligned_alloc(64, QG * stride * 4));
+    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((QG * D * 4 + 63) / 64) * 64));
+#pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t h = task % H, bt = task / H, b = bt / T;
-      const int64_t n = pos[bt] + 1;
-      const float* qv = q + task * D;
-      const int64_t base = (rows[b] * Hkv + h / G) * C * D;
+      const int64_t chunk = task % chunks, hk = (task / chunks) % Hkv, b = task / (chunks * Hkv);
+      const int64_t q0 = chunk * QG, nq = per_head - q0 < QG ? per_head - q0 : QG;
+      const int64_t base = (rows[b] * Hkv + hk) * C * D;
       const float *kb = kc + base, *vb = vc + base;
-      // scores of keys j .. j+7 at once (a group may read cache slots past n: capacity is a
-      // multiple of 8; those lanes are masked below).  Each score's bits depend only on q and k_j.
-      __m256 mxv = _mm256_set1_ps(-INFINITY);
-      for (int64_t j = 0; j < n; j += 8) {
-        __m256 sc = _mm256_mul_ps(scores8(qv, kb + j * D, D), _mm256_set1_ps(scale));
-        if (n - j < 8) sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, tail_mask(n - j));
-        _mm256_storeu_ps(s + j, sc);
-        mxv = _mm256_max_ps(mxv, sc);
+      const float* qv[4];
+      float* ov[4];
+      int64_t n[4], nmax = 0;
+      float inv[4];
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = b * T + t;
+        qv[i] = q + (bt * H + h) * D;
+        ov[i] = out + (bt * H + h) * D;
+        n[i] = pos[bt] + 1;
+        nmax = n[i] > nmax ? n[i] : nmax;
       }
-      float mx = hmax(mxv);
-      const __m256 mv = _mm256_set1_ps(mx);
-      __m256 sum = _mm256_setzero_ps();
-      for (int64_t j = 0; j < n; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-        if (n - j < 8) e = _mm256_and_ps(e, tail_mask(n - j));
-        _mm256_storeu_ps(s + j, e);
-        sum = _mm256_add_ps(sum, e);
+      // 1. scores, 8 keys at a time (a group may read cache slots past n: the capacity is a
+      //    multiple of 8; those lanes are masked).  A score's bits depend only on q and k_j.
+      __m256 mxv[4];
+      for (int64_t i = 0; i < nq; ++i) mxv[i] = _mm256_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < nmax; j += 8) {
+        for (int64_t i = 0; i < nq; ++i) {
+          if (j >= n[i]) continue;
+          __m256 sc = _mm256_mul_ps(scores8(qv[i], kb + j * D, D), _mm256_set1_ps(scale));
+          if (n[i] - j < 8) sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, tail_mask(n[i] - j));
+          _mm256_storeu_ps(s + i * stride + j, sc);
+          mxv[i] = _mm256_max_ps(mxv[i], sc);
+        }
       }
-      const __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
+      // 2. p_j = exp(s_j - max), summed lane-wise (key j in lane j % 8; padding adds exact zeros)
+      for (int64_t i = 0; i < nq; ++i) {
+        const __m256 mv = _mm256_set1_ps(hmax(mxv[i]));
+        __m256 sum = _mm256_setzero_ps();
+        float* si = s + i * stride;
+        for (int64_t j = 0; j < n[i]; j += 8) {
+          __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), mv));
+          if (n[i] - j < 8) e = _mm256_and_ps(e, tail_mask(n[i] - j));
+          _mm256_storeu_ps(si + j, e);
+          sum = _mm256_add_ps(sum, e);
+        }
+        inv[i] = 1.0f / hsum(sum);
+      }
+      // 3. o = sum_j p_j v_j in key order, in chunks of keys shared by the group's queries
       const int64_t V = D / 8;
-      for (int64_t c = 0; c < V; ++c) o[c] = _mm256_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {
-        const __m256 pj = _mm256_set1_ps(s[j]);
-        for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+      for (int64_t i = 0; i < nq * D; i += 8) _mm256_storeu_ps(obuf + i, _mm256_setzero_ps());
+      for (int64_t j0 = 0; j0 < nmax; j0 += KEY_CHUNK) {
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t j1 = j0 + KEY_CHUNK < n[i] ? j0 + KEY_CHUNK : n[i];
+          if (j0 >= j1) continue;
+          __m256 o[32];
+          float* oi = obuf + i * D;
+          const float* si = s + i * stride;
+          for (int64_t c = 0; c < V; ++c) o[c] = _mm256_loadu_ps(oi + 8 * c);
+          for (int64_t j = j0; j < j1; ++j) {
+            const __m256 pj = _mm256_set1_ps(si[j]);
+            for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+          }
+          for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(oi + 8 * c, o[c]);
+        }
       }
-      for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(out + task * D + 8 * c, _mm256_mul_ps(o[c], inv));
+      for (int64_t i = 0; i < nq; ++i) {
+        const __m256 iv = _mm256_set1_ps(inv[i]);
+        for (int64_t c = 0; c < V; ++c)
+          _mm256_storeu_ps(ov[i] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(obuf + i * D + 8 * c), iv));
+      }
     }
     std::free(s);
+    std::free(obuf);
   }
 }
 
