@@ -18,13 +18,17 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, block: int = 64, slack: int = 64):
+                 dtype: torch.dtype, device: torch.device | str, block: int = 64, slack: int = 64,
+                 zeroed: bool = True):
         self.max_len = max_len                      # longest sequence a row may hold
         self.capacity = -(-(max_len + slack) // block) * block
         shape = (rows, kv_heads, self.capacity, head_dim)
-        # zeros, not empty: masked entries are multiplied by an exact 0 and must never be NaN
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # zeroed: the torch runtimes multiply masked entries by an exact 0, so they must never be
+        # NaN.  The native runtime never lets an unwritten entry reach a result, so it takes
+        # untouched memory: pages become resident only as positions are written.
+        alloc = torch.zeros if zeroed else torch.empty
+        self.k = [alloc(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [alloc(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = [0] * rows                   # valid positions per row; set by the engine
 
     @property

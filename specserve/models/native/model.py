@@ -91,7 +91,7 @@ class NativeTransformer(nn.Module):
     def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
-                       torch.float32, "cpu", block=KEY_BLOCK, slack=slack)
+                       torch.float32, "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int],
