@@ -52,6 +52,12 @@ def test_logits_match_transformers(tmp_path, arch, kernels):
     ours.model(ids[:, :30], cache2, [0, 1], [0, 0])
     step = ours.model(ids[:, 30:], cache2, [0, 1], [30, 30]).logits
     assert (step - ref[:, 30:]).abs().max().item() <= 1e-4
+    # a long prompt (the native runtime's GEMM prefill path)
+    long_ids = torch.randint(0, 96, (1, 120), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        long_ref = hf(long_ids).logits
+    got = ours.model(long_ids, ours.model.new_cache(1, 192), [0], [0]).logits
+    assert (got - long_ref).abs().max().item() <= 1e-4
 
 
 def test_unsupported_architecture_refused(tmp_path):
@@ -122,10 +128,16 @@ def test_batch_invariant_runtime(kernels):
     out = m(batch, c2, [2, 1], [70, 130]).logits
     for i in range(9):
         assert torch.equal(out[0, i], ref[i])
-    if kernels == "native":   # native prefill is invariant too: a prompt fed whole or token by token
+    if kernels == "native":
+        # passes of up to PREFILL_GEMM_MIN_TOKENS tokens are invariant too: fed whole or one by one
+        from specserve.models.native.model import PREFILL_GEMM_MIN_TOKENS as limit
         c3 = m.new_cache(1, 256)
-        steps = [m(prompt[:, i:i + 1], c3, [0], [i]).logits[0, 0] for i in range(70)]
-        assert torch.equal(torch.stack(steps), m(prompt, m.new_cache(1, 256), [0], [0]).logits[0])
+        steps = torch.stack([m(prompt[:, i:i + 1], c3, [0], [i]).logits[0, 0] for i in range(limit)])
+        assert torch.equal(steps, m(prompt[:, :limit], m.new_cache(1, 256), [0], [0]).logits[0])
+        # longer prefills run one fp32 GEMM: the same function to rounding, deterministic
+        whole = m(prompt, m.new_cache(1, 256), [0], [0]).logits[0]
+        assert torch.equal(whole, m(prompt, m.new_cache(1, 256), [0], [0]).logits[0])
+        assert (whole[:limit] - steps).abs().max().item() < 1e-4
 
 
 def test_kv_rollback_is_a_length_change():
