@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--batch", type=int, default=1)
     f.add_argument("--context", type=int, default=256, help="cached positions before the pass")
     f.add_argument("--reps", type=int, default=20)
+    f.add_argument("--cost-batches", default="", help="also measure the cost curve (passes of --tokens per row) "
+                   "at these batch sizes, e.g. 1,4,16")
     f.add_argument("--json", default=None, help="also write the rows to this JSON file")
     return parser
 
@@ -135,15 +137,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     tokens = _ints(args.tokens, "--tokens")
     if not tokens or min(tokens) < 1 or args.batch < 1 or args.context < 1 or args.reps < 1:
         raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
-    rows = []
+    from specserve.bench.costs import cost_curve
+
+    batches = _ints(args.cost_batches, "--cost-batches")
+    rows, curves = [], {}
     for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
         lm = load_model(args.model, RuntimeOptions(kernels=kernels))
         for t in tokens:
             rows.append(profile_pass(lm, t, args.context, args.reps, args.batch))
+        if batches:
+            curves[lm.options.kernels] = cost_curve(lm, tokens, batches, args.context)
     print(format_profile(rows))
+    for kernels, curve in curves.items():
+        print(f"\ncost curve, kernels={kernels}, context {args.context}: ms per pass (relative to 1 token)")
+        print("| batch | " + " | ".join(f"{t} tok" for t in tokens) + " |")
+        print("|---|" + "---:|" * len(tokens))
+        for b in batches:
+            cells = [r for r in curve if r["batch"] == b]
+            print(f"| {b} | " + " | ".join(f"{1e3 * r['seconds']:.1f} ({r['relative_to_1_token']:.2f}x)" if r['relative_to_1_token'] else f"{1e3 * r['seconds']:.1f}" for r in cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"profile": rows, "cost_curve": curves}, f, indent=1)
     return 0
 
 

@@ -9,7 +9,9 @@ from gguf import quants
 
 from specserve.models import native as nt
 
-pytestmark = pytest.mark.skipif(nt.unavailable_reason() is not None, reason=str(nt.unavailable_reason()))
+# Only a CPU without the instructions excuses these tests; a failing build fails them.
+pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt._cpu_flags(),
+                                reason="this CPU lacks AVX2/FMA/F16C")
 
 GGUF_TYPES = {nt.Q4_1: gguf.GGMLQuantizationType.Q4_1, nt.Q8_0: gguf.GGMLQuantizationType.Q8_0}
 
@@ -109,3 +111,19 @@ def test_attention_matches_reference_and_is_invariant():
     for i in range(18):
         alone = run(q[i:i + 1].contiguous(), [[2, 0][i // 9]], pos[i:i + 1], 1)
         assert torch.equal(alone[0], got[i])
+
+
+def test_missing_compiler_is_a_clear_refusal(monkeypatch, tmp_path):
+    from specserve.errors import SpecserveError
+    from specserve.models import RuntimeOptions
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    nt.library.cache_clear()
+    try:
+        assert "does not run" in nt.unavailable_reason()
+        with pytest.raises(SpecserveError, match="kernels=native is unavailable"):
+            RuntimeOptions(kernels="native").resolve()
+        assert RuntimeOptions().resolve().kernels == "fbgemm"       # auto falls back, stated in resolve
+    finally:
+        nt.library.cache_clear()

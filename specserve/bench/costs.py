@@ -39,25 +39,28 @@ def roofline(lm: LoadedModel) -> dict:
 
 
 @torch.inference_mode()
-def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: int = 256, reps: int = 3) -> list[dict]:
-    """Median seconds of one target pass over ``t`` new tokens per row for ``b`` rows at ``context``."""
+def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: int = 256, reps: int = 7) -> list[dict]:
+    """Median seconds of one target pass over ``t`` new tokens per row for ``b`` rows at ``context``.
+
+    The repetitions are interleaved (rep 1 of every shape, then rep 2, ...) so that a slow spell of
+    a shared machine lands on every shape alike instead of on one of them.
+    """
     m = lm.model
     cache = m.new_cache(max(batches), context + max(tokens) + 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, lm.config.vocab_size, (1, context), generator=g)
     for row in range(max(batches)):
         m(prompt, cache, [row], [0], last_only=True)
-    out = []
-    for b in batches:
-        for t in tokens:
-            x = torch.randint(0, lm.config.vocab_size, (b, t), generator=g)
-            m(x, cache, list(range(b)), [context] * b)            # warm-up
-            times = []
-            for _ in range(reps):
-                s = time.perf_counter()
-                m(x, cache, list(range(b)), [context] * b)
-                times.append(time.perf_counter() - s)
-            out.append({"batch": b, "tokens": t, "seconds": sorted(times)[len(times) // 2]})
+    shapes = [(b, t, torch.randint(0, lm.config.vocab_size, (b, t), generator=g)) for b in batches for t in tokens]
+    times: dict[tuple[int, int], list[float]] = {(b, t): [] for b, t, _ in shapes}
+    for rep in range(reps + 1):                                   # rep 0 is the warm-up
+        for b, t, x in shapes:
+            s = time.perf_counter()
+            m(x, cache, list(range(b)), [context] * b)
+            if rep:
+                times[(b, t)].append(time.perf_counter() - s)
+    out = [{"batch": b, "tokens": t, "seconds": sorted(v)[len(v) // 2], "reps": reps}
+           for (b, t), v in times.items()]
     base = {r["batch"]: r["seconds"] for r in out if r["tokens"] == 1}
     for r in out:
         r["relative_to_1_token"] = r["seconds"] / base[r["batch"]] if r["batch"] in base else None

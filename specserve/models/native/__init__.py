@@ -1,4 +1,4 @@
-"""Native CPU kernels (``kernels.cpp``): built on first use with the system C++ compiler, loaded
+"""Native CPU kernels (``simd.h``, ``linear.cpp``, ``layer_ops.cpp``): built on first use with the system C++ compiler, loaded
 with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
 
 No torch headers and no ninja are needed: the library exports plain C functions over raw pointers.
@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "linear.cpp", HERE / "layer_ops.cpp"]
+HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 ABI_VERSION = 1
 
-# Weight formats (the ``Fmt`` enum of kernels.cpp).
+# Weight formats (the ``Fmt`` enum of simd.h).
 F32, F16, Q8_0, Q4_1 = 0, 1, 2, 3
 FORMAT_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_1: "q4_1"}
 BLOCK = {F32: 8, F16: 8, Q8_0: 32, Q4_1: 32}          # in_features must be a multiple of this
@@ -74,13 +76,15 @@ def library() -> ctypes.CDLL:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from None
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(text + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     target = cache_dir() / f"specserve_kernels_{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            cmd = [cxx, *FLAGS, f"-I{HERE}", *map(str, SOURCES), "-o", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"building the native kernels failed: {proc.stderr.strip()[-2000:]}")
             os.replace(out, target)                       # atomic: concurrent builders are harmless

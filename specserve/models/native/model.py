@@ -2,10 +2,11 @@
 
 Same contract as ``specserve.models.llama.Transformer`` (``forward``, ``new_cache``, ``config``), a
 different runtime: weights stay in the blocks they were stored in (Q4_1 / Q8_0 GGUF blocks, fp32
-for float checkpoints), activations are fp32, and each layer is nine calls into ``kernels.cpp``
-over preallocated-per-pass buffers.  Every kernel is batch-invariant by construction (see the
-header of kernels.cpp), for decoding, verification and prefill alike, so one token's logits are
-bit-identical however many tokens, rows or cache slots share its pass.
+for float checkpoints), activations are fp32, and each layer is nine calls into the C++ kernels
+over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
+header of simd.h), so one token's logits are bit-identical however many tokens, rows or cache
+slots share its pass, for decoding and verification; prompt prefills longer than
+``PREFILL_GEMM_MIN_TOKENS`` take a faster GEMM (see there).
 """
 
 from __future__ import annotations

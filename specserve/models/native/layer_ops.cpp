@@ -1,0 +1,182 @@
+// Attention, RoPE with the KV-cache write, RMSNorm and SiLU-gating (see simd.h).
+
+#include "simd.h"
+
+#ifndef ATT_QG_MAX
+#define ATT_QG_MAX 4
+#endif
+
+namespace ss {
+namespace {
+
+// Dot products of q [D] with 8 consecutive rows of k (stride D): 8 lane-wise FMA chains over D,
+// then one fixed hadd tree that leaves score r in lane r.
+inline __m256 scores8(const float* q, const float* k, int64_t D) {
+  __m256 a[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + r * D + c), a[r]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+inline void rms_row(const float* x, const float* w, int64_t K, float eps, float* y) {
+  const float r = 1.0f / std::sqrt(dot(x, x, K) / static_cast<float>(K) + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (int64_t k = 0; k < K; k += 8)
+    _mm256_storeu_ps(y + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(x + k), rv)));
+}
+
+// Hugging Face rotate-half RoPE: out = x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1).
+inline void rope_row(const float* x, const float* cs, const float* sn, int64_t D, float* out) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    out[d] = x[d] * cs[d] - x[d + half] * sn[d];
+    out[d + half] = x[d + half] * cs[d + half] + x[d] * sn[d + half];
+  }
+}
+
+}  // namespace
+}  // namespace ss
+
+using namespace ss;
+
+extern "C" {
+
+// x, y: [M, K]; w: [K].  y = w * (x * 1/sqrt(mean(x^2) + eps)).
+void ss_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* y) {
+  for (int64_t m = 0; m < M; ++m) rms_row(x + m * K, w + 0, K, eps, y + m * K);
+}
+
+// gu: [M, 2I] (gate | up) -> out: [M, I] = silu(gate) * up.
+void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i), u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+      _mm256_storeu_ps(out + m * I + i, _mm256_mul_ps(s, u));
+    }
+}
+
+// qkv: [B*T, (H + 2*Hkv) * D]; cos, sin: [positions, D]; rows: [B]; pos: [B*T];
+// q_norm, k_norm: [D] or null (Qwen3); q_out: [B*T, H, D]; kc, vc: [R, Hkv, C, D] (this layer).
+// Normalises (optionally) and rotates q and k, writes k and v into the cache at (row, pos).
+void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* pos,
+                   int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D, const float* q_norm,
+                   const float* k_norm, float eps, float* q_out, float* kc, float* vc) {
+  const int64_t W = (H + 2 * Hkv) * D;
+  float tmp[1024];
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t p = pos[bt], row = rows[bt / T];
+    const float *cs = cos + p * D, *sn = sin + p * D, *src = qkv + bt * W;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* v = src + h * D;
+      if (q_norm) { rms_row(v, q_norm, D, eps, tmp); v = tmp; }
+      rope_row(v, cs, sn, D, q_out + (bt * H + h) * D);
+    }
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const float* v = src + (H + h) * D;
+      if (k_norm) { rms_row(v, k_norm, D, eps, tmp); v = tmp; }
+      const int64_t at = ((row * Hkv + h) * C + p) * D;
+      rope_row(v, cs, sn, D, kc + at);
+      std::memcpy(vc + at, src + (H + Hkv + h) * D, D * sizeof(float));
+    }
+  }
+}
+
+// q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; rows: [B]; pos: [B*T]; out: [B*T, H, D].
+// Token (b, t) attends to cache positions 0..pos[b, t] of row rows[b].
+// Work is split by (row, kv head, group of up to QG query heads sharing that kv head), so a key or
+// value block loaded for one query is reused from L1 by the others.  Each query's result is the
+// same sequence of operations whatever group it is in: scores by scores8, softmax with a lane-wise
+// sum, then o += p_j v_j in key order (o parked in memory between key chunks: exact).
+void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* pos,
+                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
+  const int64_t G = H / Hkv, per_head = T * G;
+  const int64_t QG = per_head < ATT_QG_MAX ? per_head : ATT_QG_MAX;
+  const int64_t chunks = (per_head + QG - 1) / QG, tasks = B * Hkv * chunks;
+  const int64_t stride = ((C + 15) / 16) * 16;           // score row, room for a full last group
+  constexpr int64_t KEY_CHUNK = 64;
+#pragma omp parallel
+  {
+    float* s = static_cast<float*>(std::aligned_alloc(64, QG * stride * 4));
+    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((QG * D * 4 + 63) / 64) * 64));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t chunk = task % chunks, hk = (task / chunks) % Hkv, b = task / (chunks * Hkv);
+      const int64_t q0 = chunk * QG, nq = per_head - q0 < QG ? per_head - q0 : QG;
+      const int64_t base = (rows[b] * Hkv + hk) * C * D;
+      const float *kb = kc + base, *vb = vc + base;
+      const float* qv[ATT_QG_MAX];
+      float* ov[ATT_QG_MAX];
+      int64_t n[ATT_QG_MAX], nmax = 0;
+      float inv[ATT_QG_MAX];
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = b * T + t;
+        qv[i] = q + (bt * H + h) * D;
+        ov[i] = out + (bt * H + h) * D;
+        n[i] = pos[bt] + 1;
+        nmax = n[i] > nmax ? n[i] : nmax;
+      }
+      // 1. scores, 8 keys at a time (a group may read cache slots past n: the capacity is a
+      //    multiple of 8; those lanes are masked).  A score's bits depend only on q and k_j.
+      __m256 mxv[ATT_QG_MAX];
+      for (int64_t i = 0; i < nq; ++i) mxv[i] = _mm256_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < nmax; j += 8) {
+        for (int64_t i = 0; i < nq; ++i) {
+          if (j >= n[i]) continue;
+          __m256 sc = _mm256_mul_ps(scores8(qv[i], kb + j * D, D), _mm256_set1_ps(scale));
+          if (n[i] - j < 8) sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, tail_mask(n[i] - j));
+          _mm256_storeu_ps(s + i * stride + j, sc);
+          mxv[i] = _mm256_max_ps(mxv[i], sc);
+        }
+      }
+      // 2. p_j = exp(s_j - max), summed lane-wise (key j in lane j % 8; padding adds exact zeros)
+      for (int64_t i = 0; i < nq; ++i) {
+        const __m256 mv = _mm256_set1_ps(hmax(mxv[i]));
+        __m256 sum = _mm256_setzero_ps();
+        float* si = s + i * stride;
+        for (int64_t j = 0; j < n[i]; j += 8) {
+          __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), mv));
+          if (n[i] - j < 8) e = _mm256_and_ps(e, tail_mask(n[i] - j));
+          _mm256_storeu_ps(si + j, e);
+          sum = _mm256_add_ps(sum, e);
+        }
+        inv[i] = 1.0f / hsum(sum);
+      }
+      // 3. o = sum_j p_j v_j in key order, in chunks of keys shared by the group's queries
+      const int64_t V = D / 8;
+      for (int64_t i = 0; i < nq * D; i += 8) _mm256_storeu_ps(obuf + i, _mm256_setzero_ps());
+      for (int64_t j0 = 0; j0 < nmax; j0 += KEY_CHUNK) {
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t j1 = j0 + KEY_CHUNK < n[i] ? j0 + KEY_CHUNK : n[i];
+          if (j0 >= j1) continue;
+          __m256 o[32];
+          float* oi = obuf + i * D;
+          const float* si = s + i * stride;
+          for (int64_t c = 0; c < V; ++c) o[c] = _mm256_loadu_ps(oi + 8 * c);
+          for (int64_t j = j0; j < j1; ++j) {
+            const __m256 pj = _mm256_set1_ps(si[j]);
+            for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+          }
+          for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(oi + 8 * c, o[c]);
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        const __m256 iv = _mm256_set1_ps(inv[i]);
+        for (int64_t c = 0; c < V; ++c)
+          _mm256_storeu_ps(ov[i] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(obuf + i * D + 8 * c), iv));
+      }
+    }
+    std::free(s);
+    std::free(obuf);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,250 @@
+// Linear layers and embedding rows over weights kept in their storage blocks (see simd.h).
+
+#include "simd.h"
+
+namespace ss {
+namespace {
+
+#ifndef M1_ROWS
+#define M1_ROWS 2
+#endif
+#ifndef MT_ROWS
+#define MT_ROWS 3
+#endif
+#ifndef M1_FUSED
+#define M1_FUSED 1
+#endif
+
+// Per-format block geometry and exact dequantization of block `b` of a row into `out`.
+template <int F> struct Blk;
+template <> struct Blk<F32> {
+  static constexpr int size = 8, vecs = 1, bytes = 32;
+  static inline void load(const uint8_t* row, int64_t b, __m256* out) {
+    out[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + b * 8);
+  }
+};
+template <> struct Blk<F16> {
+  static constexpr int size = 8, vecs = 1, bytes = 16;
+  static inline void load(const uint8_t* row, int64_t b, __m256* out) {
+    out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)));
+  }
+};
+// Q8_0: {fp16 d; int8 q[32]}; w = d * q.
+template <> struct Blk<Q8_0> {
+  static constexpr int size = 32, vecs = 4, bytes = 34;
+  static inline void load(const uint8_t* row, int64_t b, __m256* out) {
+    const uint8_t* p = row + b * 34;
+    const __m256 d = _mm256_set1_ps(h2f(p));
+    for (int c = 0; c < 4; ++c) {
+      __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * c)));
+      out[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+    }
+  }
+};
+// Q4_1: {fp16 d; fp16 m; uint8 qs[16]}; element j < 16 is the low nibble of qs[j], element j + 16
+// its high nibble; w = d * q + m.  d * q is exact in fp32, so fma(d, q, m) rounds once, exactly as
+// gguf's numpy code (d * q) + m does.
+template <> struct Blk<Q4_1> {
+  static constexpr int size = 32, vecs = 4, bytes = 20;
+  static inline void load(const uint8_t* row, int64_t b, __m256* out) {
+    const uint8_t* p = row + b * 20;
+    const __m256 d = _mm256_set1_ps(h2f(p)), m = _mm256_set1_ps(h2f(p + 2));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    out[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m);
+    out[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
+    out[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
+    out[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
+  }
+};
+
+// MB tokens x NB output rows, weights dequantized on the fly.  x rows have stride K, y rows N.
+// The loops over i, j and c are fully unrolled so that the MB*NB accumulators live in registers.
+template <int F, int MB, int NB>
+inline void tile(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
+                 const float* bias, bool accumulate) {
+  constexpr int V = Blk<F>::vecs;
+  __m256 acc[MB][NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t nblocks = K / Blk<F>::size;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    if constexpr (V == 1) {              // float rows: weights in registers, one x load per token
+      __m256 wv[NB];
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) Blk<F>::load(w + j * rb, b, &wv[j]);
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * K + b * 8);
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    } else {                             // blocks: dequantize one row's block, use it at once
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) {
+        __m256 wv[V];
+        Blk<F>::load(w + j * rb, b, wv);
+#pragma GCC unroll 4
+        for (int c = 0; c < V; ++c) {
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i)
+            acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * K + (b * V + c) * 8), wv[c], acc[i][j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      float s = hsum(acc[i][j]);
+      if (bias) s += bias[j];
+      float* dst = y + i * N + j;
+      *dst = accumulate ? *dst + s : s;
+    }
+}
+
+template <int F>
+void dequant_rows(const uint8_t* w, int64_t rb, int64_t rows, int64_t K, float* out) {
+  constexpr int V = Blk<F>::vecs;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < K / Blk<F>::size; ++b) {
+      __m256 v[V];
+      Blk<F>::load(w + r * rb, b, v);
+      for (int c = 0; c < V; ++c) _mm256_storeu_ps(out + r * K + (b * V + c) * 8, v[c]);
+    }
+}
+
+template <int F, int NB, int MB>
+inline void tile_rows(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
+                      const float* bias, bool acc) {
+  tile<F, MB, NB>(x, K, w, rb, y, N, bias, acc);
+}
+
+// All M tokens against NB rows, in groups of at most MB_MAX tokens of near-equal size.
+template <int F, int NB>
+inline void tiles_m(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
+                    const float* bias, bool acc) {
+  constexpr int64_t MB_MAX = 12 / NB < 6 ? 12 / NB : 6;
+  const int64_t groups = (M + MB_MAX - 1) / MB_MAX;
+  int64_t m = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t size = (M - m) / (groups - g);
+    const float* xg = x + m * K;
+    float* yg = y + m * N;
+    switch (size) {
+      case 1: tile_rows<F, NB, 1>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 2: tile_rows<F, NB, 2>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 3: tile_rows<F, NB, 3>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 4: tile_rows<F, NB, 4>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 5: if constexpr (MB_MAX >= 5) tile_rows<F, NB, 5>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 6: if constexpr (MB_MAX >= 6) tile_rows<F, NB, 6>(xg, K, w, rb, yg, N, bias, acc); break;
+      default: break;
+    }
+    m += size;
+  }
+}
+
+// Output rows are split in tiles of NB rows over the threads; a tile's rows are dequantized once
+// into a per-thread fp32 buffer (exact values), then every group of tokens runs over the buffer.
+template <int F, int NB>
+void linear_tiles(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
+                  float* y, bool acc) {
+  const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes;
+  const int64_t tiles = (N + NB - 1) / NB;
+#pragma omp parallel
+  {
+    float* buf = F == F32 ? nullptr : static_cast<float*>(std::aligned_alloc(64, ((NB * K * 4 + 63) / 64) * 64));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n0 = t * NB, nb = N - n0 < NB ? N - n0 : NB;
+      const float* bb = bias ? bias + n0 : nullptr;
+      const uint8_t* src = w + n0 * rb;
+      int64_t stride = rb;
+      if (F != F32) {
+        dequant_rows<F>(src, rb, nb, K, buf);
+        src = reinterpret_cast<const uint8_t*>(buf);
+        stride = K * 4;
+      }
+      if (nb == NB) {
+        tiles_m<F32, NB>(x, M, K, src, stride, y + n0, N, bb, acc);
+      } else {
+        for (int64_t r = 0; r < nb; ++r)
+          tiles_m<F32, 1>(x, M, K, src + r * stride, stride, y + n0 + r, N, bb ? bb + r : nullptr, acc);
+      }
+    }
+    std::free(buf);
+  }
+}
+
+// One token: tiles of M1_ROWS output rows dequantized on the fly, straight into the FMAs.
+// Several tokens: tiles of MT_ROWS rows dequantized once into a buffer, then groups of up to 4
+// tokens.  (Tile shapes were chosen by A/B timing on the development machine.)  Both paths give
+// every element the same operations, hence the same bits.
+template <int F>
+void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
+                 float* y, bool acc) {
+  if (M == 1 && M1_FUSED) {
+    constexpr int NB = M1_ROWS;
+    const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes, tiles = N / NB;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t)
+      tile<F, 1, NB>(x, K, w + t * NB * rb, rb, y + t * NB, N, bias ? bias + t * NB : nullptr, acc);
+    for (int64_t n = tiles * NB; n < N; ++n) tile<F, 1, 1>(x, K, w + n * rb, rb, y + n, N, bias ? bias + n : nullptr, acc);
+  } else if (M == 1) {
+    linear_tiles<F, M1_ROWS>(x, M, K, w, N, bias, y, acc);
+  } else {
+    linear_tiles<F, MT_ROWS>(x, M, K, w, N, bias, y, acc);
+  }
+}
+
+}  // namespace
+}  // namespace ss
+
+using namespace ss;
+
+extern "C" {
+
+int ss_abi_version() { return 1; }
+
+int64_t ss_row_bytes(int fmt, int64_t K) {
+  switch (fmt) {
+    case F32: return K * 4;
+    case F16: return K * 2;
+    case Q8_0: return K / 32 * 34;
+    case Q4_1: return K / 32 * 20;
+    default: return -1;
+  }
+}
+
+// x: [M, K] fp32; w: [N, row_bytes(fmt, K)]; bias: [N] or null; y: [M, N] (read when accumulate).
+void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias,
+               float* y, int accumulate) {
+  switch (fmt) {
+    case F32: linear_impl<F32>(x, M, K, w, N, bias, y, accumulate); break;
+    case F16: linear_impl<F16>(x, M, K, w, N, bias, y, accumulate); break;
+    case Q8_0: linear_impl<Q8_0>(x, M, K, w, N, bias, y, accumulate); break;
+    case Q4_1: linear_impl<Q4_1>(x, M, K, w, N, bias, y, accumulate); break;
+    default: break;
+  }
+}
+
+// Gather and dequantize rows: tokens [n] int64 -> out [n, K] fp32.
+void ss_embed(const int64_t* tokens, int64_t n, const uint8_t* w, int fmt, int64_t K, float* out) {
+  const int64_t rb = ss_row_bytes(fmt, K);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* row = w + tokens[i] * rb;
+    switch (fmt) {
+      case F32: dequant_rows<F32>(row, rb, 1, K, out + i * K); break;
+      case F16: dequant_rows<F16>(row, rb, 1, K, out + i * K); break;
+      case Q8_0: dequant_rows<Q8_0>(row, rb, 1, K, out + i * K); break;
+      case Q4_1: dequant_rows<Q4_1>(row, rb, 1, K, out + i * K); break;
+      default: break;
+    }
+  }
+}
+
+}  // extern "C"
