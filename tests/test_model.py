@@ -35,7 +35,11 @@ def hf_tiny(tmp_path, arch: str):
     return str(tmp_path), model
 
 
-@pytest.mark.parametrize("kernels", ["torch", "native"])
+# fbgemm rounds weights to fp16 once at load time: its tolerance reflects that rounding.
+TOLERANCE = {"torch": 1e-4, "native": 1e-4, "fbgemm": 3e-2}
+
+
+@pytest.mark.parametrize("kernels", ["torch", "native", "fbgemm"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_logits_match_transformers(tmp_path, arch, kernels):
     path, hf = hf_tiny(tmp_path, arch)
@@ -46,18 +50,18 @@ def test_logits_match_transformers(tmp_path, arch, kernels):
         ref = hf(ids).logits
     cache = ours.model.new_cache(2, 128)
     got = ours.model(ids, cache, [0, 1], [0, 0]).logits
-    assert (got - ref).abs().max().item() <= 1e-4
+    assert (got - ref).abs().max().item() <= TOLERANCE[kernels]
     # incremental decoding through the cache gives the same logits as the full pass
     cache2 = ours.model.new_cache(2, 128)
     ours.model(ids[:, :30], cache2, [0, 1], [0, 0])
     step = ours.model(ids[:, 30:], cache2, [0, 1], [30, 30]).logits
-    assert (step - ref[:, 30:]).abs().max().item() <= 1e-4
+    assert (step - ref[:, 30:]).abs().max().item() <= TOLERANCE[kernels]
     # a long prompt (the native runtime's GEMM prefill path)
     long_ids = torch.randint(0, 96, (1, 120), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         long_ref = hf(long_ids).logits
     got = ours.model(long_ids, ours.model.new_cache(1, 192), [0], [0]).logits
-    assert (got - long_ref).abs().max().item() <= 1e-4
+    assert (got - long_ref).abs().max().item() <= TOLERANCE[kernels]
 
 
 def test_unsupported_architecture_refused(tmp_path):
