@@ -1,4 +1,6 @@
-"""Building blocks of the decoder: linear kernels, RMSNorm, rotary embeddings, attention.
+"""Building blocks of the torch decoder (``llama.Transformer``): linear kernels, RMSNorm, rotary
+embeddings, attention.  The default CPU runtime is the native one (``specserve/models/native``);
+these modules serve ``--kernels torch`` and ``--kernels fbgemm`` (and CUDA).
 
 Two linear kernels exist (``LINEAR_KERNELS``):
 
