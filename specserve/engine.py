@@ -85,19 +85,20 @@ class Engine:
     def check(self, req: Request) -> None:
         """Refuse a request that cannot be served, before anything is allocated."""
         if not req.prompt:
-            raise SpecserveError("empty prompt")
+            raise SpecserveError("empty prompt", "prompt")
         if req.max_tokens < 1:
-            raise SpecserveError(f"max_tokens must be >= 1, got {req.max_tokens}")
+            raise SpecserveError(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
         if len(req.prompt) + req.max_tokens > self.max_len:
             raise SpecserveError(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds "
-                                 f"the context length {self.max_len}")
+                                 f"the context length {self.max_len}", "max_tokens")
         if req.drafter not in self.drafters:
-            raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(self.drafters)}")
+            raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(self.drafters)}",
+                                 "drafter")
         if not 0 <= req.num_draft <= MAX_DRAFT:
-            raise SpecserveError(f"num_draft must be in [0, {MAX_DRAFT}], got {req.num_draft}")
+            raise SpecserveError(f"num_draft must be in [0, {MAX_DRAFT}], got {req.num_draft}", "num_draft")
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in req.prompt):
-            raise SpecserveError(f"prompt token ids must be in [0, {vocab})")
+            raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")
         self.drafters[req.drafter].validate(req.sampling)
 
     @property

@@ -56,11 +56,11 @@ class LLM:
     def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
         if isinstance(prompt, str):
             if not prompt.strip():
-                raise SpecserveError("empty prompt")
+                raise SpecserveError("empty prompt", "prompt")
             return self.tokenizer.encode(prompt) if raw else self.tokenizer.encode_chat(
                 [{"role": "user", "content": prompt}])
         if not prompt:
-            raise SpecserveError("empty messages")
+            raise SpecserveError("empty messages", "messages")
         return self.tokenizer.encode_chat(prompt)
 
     def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str = "none",

@@ -28,13 +28,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise SpecserveError(f"temperature must be >= 0, got {self.temperature}")
+            raise SpecserveError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecserveError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+            raise SpecserveError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}", "top_k")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise SpecserveError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SpecserveError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise SpecserveError(f"seed must be an integer, got {self.seed!r}")
+            raise SpecserveError(f"seed must be an integer, got {self.seed!r}", "seed")
 
     @property
     def greedy(self) -> bool:

@@ -105,20 +105,18 @@ class Scheduler:
 
     def _tick(self) -> None:
         now = time.perf_counter()
-        # 1. cancellations and timeouts
+        # 1. cancellations and timeouts, running and waiting alike
         for h in list(self.active.values()):
             if h.cancelled or now > h.deadline:
                 self.engine.abort(h.seq_id)
                 self.engine.finished.pop(h.seq_id, None)
-                self._finish_error(h, "request timed out" if not h.cancelled else "cancelled",
-                                   outcome="timeout" if not h.cancelled else "cancelled")
+                self._expire(h)
         with self._wake:
             pending = [h for h in self.waiting if h.cancelled or now > h.deadline]
             for h in pending:
                 self.waiting.remove(h)
         for h in pending:
-            self._finish_error(h, "request timed out" if not h.cancelled else "cancelled",
-                               outcome="timeout" if not h.cancelled else "cancelled")
+            self._expire(h)
         # 2. admission while KV rows are free
         while self.engine.has_capacity:
             with self._wake:
@@ -141,6 +139,13 @@ class Scheduler:
         # 4. publish new tokens and results
         for h in list(self.active.values()):
             self._publish(h)
+
+    def _expire(self, h: Handle) -> None:
+        """End a cancelled or timed-out request with the matching error and outcome."""
+        if h.cancelled:
+            self._finish_error(h, "cancelled", outcome="cancelled")
+        else:
+            self._finish_error(h, "request timed out", outcome="timeout")
 
     def _publish(self, h: Handle) -> None:
         seq = next((s for s in self.engine.running if s.seq_id == h.seq_id), None)

@@ -88,19 +88,21 @@ def test_statistics_are_consistent(target):
     assert s.synthetic and 0 < s.ttft_s <= s.total_s
 
 
-@pytest.mark.parametrize("req,msg", [
-    (Request([], 5), "empty prompt"),
-    (Request([1], 0), "max_tokens"),
-    (Request([1] * 120, 20), "exceeds the context length"),
-    (Request([1], 5, drafter="nope"), "not loaded"),
-    (Request([1], 5, drafter="oracle", num_draft=-1), "num_draft"),
-    (Request([1], 5, drafter="oracle", sampling=SamplingParams(0.7)), "greedy decoding only"),
-    (Request([999], 5), "token ids"),
+@pytest.mark.parametrize("req,msg,param", [
+    (Request([], 5), "empty prompt", "prompt"),
+    (Request([1], 0), "max_tokens", "max_tokens"),
+    (Request([1] * 120, 20), "exceeds the context length", "max_tokens"),
+    (Request([1], 5, drafter="nope"), "not loaded", "drafter"),
+    (Request([1], 5, drafter="oracle", num_draft=-1), "num_draft", "num_draft"),
+    (Request([1], 5, drafter="oracle", sampling=SamplingParams(0.7)), "greedy decoding only", "temperature"),
+    (Request([999], 5), "token ids", "prompt"),
 ])
-def test_bad_requests_refused(target, req, msg):
+def test_bad_requests_refused(target, req, msg, param):
+    """Each refusal says why and names the offending field (the server reports it as ``param``)."""
     eng = Engine(target, {"none": create("none", target), "oracle": create("oracle", target)}, max_batch=1, max_len=128)
-    with pytest.raises(SpecserveError, match=msg):
+    with pytest.raises(SpecserveError, match=msg) as info:
         eng.add(req)
+    assert info.value.param == param
     assert eng.free_rows == [0] and not eng.running                            # nothing leaked
 
 

@@ -47,7 +47,7 @@ class OracleDrafter(Drafter):
     def validate(self, sampling: SamplingParams) -> None:
         if not sampling.greedy:
             raise SpecserveError("the oracle drafter is defined for greedy decoding only (temperature 0): "
-                                 "under sampling the target's next token is not known in advance")
+                                 "under sampling the target's next token is not known in advance", "temperature")
 
     def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
         key = tuple(prompt)

@@ -25,6 +25,10 @@ from specserve.server.metrics import Metrics
 from specserve.server.schemas import ChatRequest, CompletionRequest
 
 
+# engine / sampling field names -> the request body's field names
+API_PARAM = {"drafter": "speculative.drafter", "num_draft": "speculative.num_draft"}
+
+
 def error(status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
           headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": None}},
@@ -121,10 +125,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", default
             req = llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops())
             handle = scheduler.submit(req, request_timeout_s, asyncio.get_running_loop())
         except SpecserveError as e:
-            msg = str(e)
-            param = ("speculative.drafter" if "drafter" in msg else "max_tokens" if "context length" in msg
-                     or "max_tokens" in msg else "speculative.num_draft" if "num_draft" in msg else None)
-            return error(400, msg, param)
+            return error(400, str(e), API_PARAM.get(e.param, e.param))
         except QueueFull:
             metrics.count_outcome("rejected_queue_full")
             return error(429, "server busy: waiting queue is full; retry later", type_="rate_limit_error",
