@@ -131,14 +131,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
+    from specserve.bench.costs import cost_curve
     from specserve.bench.profile import format_profile, profile_pass
+    from specserve.bench.report import cost_table
     from specserve.models.loader import RuntimeOptions, load_model
 
     tokens = _ints(args.tokens, "--tokens")
     if not tokens or min(tokens) < 1 or args.batch < 1 or args.context < 1 or args.reps < 1:
         raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
-    from specserve.bench.costs import cost_curve
-
     batches = _ints(args.cost_batches, "--cost-batches")
     rows, curves = [], {}
     for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
@@ -150,11 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(format_profile(rows))
     for kernels, curve in curves.items():
         print(f"\ncost curve, kernels={kernels}, context {args.context}: ms per pass (relative to 1 token)")
-        print("| batch | " + " | ".join(f"{t} tok" for t in tokens) + " |")
-        print("|---|" + "---:|" * len(tokens))
-        for b in batches:
-            cells = [r for r in curve if r["batch"] == b]
-            print(f"| {b} | " + " | ".join(f"{1e3 * r['seconds']:.1f} ({r['relative_to_1_token']:.2f}x)" if r['relative_to_1_token'] else f"{1e3 * r['seconds']:.1f}" for r in cells) + " |")
+        print("\n".join(cost_table(curve)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"profile": rows, "cost_curve": curves}, f, indent=1)

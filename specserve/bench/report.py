@@ -48,14 +48,8 @@ def render_report(doc: dict) -> str:
                          f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
                          f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} |")
     if doc.get("cost_curve"):
-        batches = sorted({c["batch"] for c in doc["cost_curve"]})
-        tokens = sorted({c["tokens"] for c in doc["cost_curve"]})
-        cell = {(c["batch"], c["tokens"]): c for c in doc["cost_curve"]}
         lines += ["", "## Cost of one target pass (ms; in brackets: relative to 1 token at the same batch size)", "",
-                  "| batch \\ tokens per row | " + " | ".join(map(str, tokens)) + " |", "|---|" + "---|" * len(tokens)]
-        for b in batches:
-            lines.append(f"| {b} | " + " | ".join(
-                f"{cell[b, t]['seconds'] * 1e3:.1f} ({cell[b, t]['relative_to_1_token']:.2f})" for t in tokens) + " |")
+                  *cost_table(doc["cost_curve"])]
     if doc.get("peers"):
         lines += ["", "## Peers (same prompts, greedy)", "",
                   "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
@@ -132,6 +126,20 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
     plt.close(fig)
     return str(path)
+
+
+def cost_table(curve: list[dict]) -> list[str]:
+    """Markdown rows of a cost curve: one line per batch size, one column per tokens-per-row."""
+    batches = sorted({c["batch"] for c in curve})
+    tokens = sorted({c["tokens"] for c in curve})
+    cell = {(c["batch"], c["tokens"]): c for c in curve}
+
+    def fmt(c: dict) -> str:
+        rel = c["relative_to_1_token"]
+        return f"{c['seconds'] * 1e3:.1f}" + (f" ({rel:.2f})" if rel is not None else "")
+
+    lines = ["| batch \\ tokens per row | " + " | ".join(map(str, tokens)) + " |", "|---|" + "---|" * len(tokens)]
+    return lines + [f"| {b} | " + " | ".join(fmt(cell[b, t]) for t in tokens) + " |" for b in batches]
 
 
 def render_endpoint_report(doc: dict) -> str:

@@ -262,8 +262,6 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
     for r in rows:   # greedy identity across variants at the same concurrency
         ref = next((b for b in rows if b["label"] == (base or r)["label"] and b["concurrency"] == r["concurrency"]), None)
         r["same_text_as_baseline"] = sum(a == b for a, b in zip(r["texts"], ref["texts"])) if ref else None
-    outdir = Path(cfg.out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
-    (outdir / "report.md").write_text(render_endpoint_report(doc))
+    _checkpoint(doc, cfg.out)
+    (Path(cfg.out) / "report.md").write_text(render_endpoint_report(doc))
     return doc

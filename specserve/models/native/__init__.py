@@ -38,15 +38,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "kernels"
 
 
-def _cpu_flags() -> set[str]:
+@lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def unavailable_reason() -> str | None:
