@@ -2,12 +2,11 @@
 
 #include "simd.h"
 
-#ifndef ATT_QG_MAX
-#define ATT_QG_MAX 4
-#endif
-
 namespace ss {
 namespace {
+
+// Query heads sharing one kv head processed together by attention (chosen by A/B timing).
+constexpr int64_t ATT_QG_MAX = 4;
 
 // Dot products of q [D] with 8 consecutive rows of k (stride D): 8 lane-wise FMA chains over D,
 // then one fixed hadd tree that leaves score r in lane r.

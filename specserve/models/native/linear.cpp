@@ -5,15 +5,9 @@
 namespace ss {
 namespace {
 
-#ifndef M1_ROWS
-#define M1_ROWS 2
-#endif
-#ifndef MT_ROWS
-#define MT_ROWS 3
-#endif
-#ifndef M1_FUSED
-#define M1_FUSED 1
-#endif
+// Tile shapes, chosen by A/B timing on the development machine (any shape gives the same bits).
+constexpr int M1_ROWS = 2;   // output rows per tile when one token: dequantized straight into the FMAs
+constexpr int MT_ROWS = 3;   // output rows per tile when several: dequantized once into a buffer
 
 // Per-format block geometry and exact dequantization of block `b` of a row into `out`.
 template <int F> struct Blk;
@@ -118,12 +112,6 @@ void dequant_rows(const uint8_t* w, int64_t rb, int64_t rows, int64_t K, float* 
     }
 }
 
-template <int F, int NB, int MB>
-inline void tile_rows(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
-                      const float* bias, bool acc) {
-  tile<F, MB, NB>(x, K, w, rb, y, N, bias, acc);
-}
-
 // All M tokens against NB rows, in groups of at most MB_MAX tokens of near-equal size.
 template <int F, int NB>
 inline void tiles_m(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N,
@@ -136,12 +124,12 @@ inline void tiles_m(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
     const float* xg = x + m * K;
     float* yg = y + m * N;
     switch (size) {
-      case 1: tile_rows<F, NB, 1>(xg, K, w, rb, yg, N, bias, acc); break;
-      case 2: tile_rows<F, NB, 2>(xg, K, w, rb, yg, N, bias, acc); break;
-      case 3: tile_rows<F, NB, 3>(xg, K, w, rb, yg, N, bias, acc); break;
-      case 4: tile_rows<F, NB, 4>(xg, K, w, rb, yg, N, bias, acc); break;
-      case 5: if constexpr (MB_MAX >= 5) tile_rows<F, NB, 5>(xg, K, w, rb, yg, N, bias, acc); break;
-      case 6: if constexpr (MB_MAX >= 6) tile_rows<F, NB, 6>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 1: tile<F, 1, NB>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 2: tile<F, 2, NB>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 3: tile<F, 3, NB>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 4: tile<F, 4, NB>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 5: if constexpr (MB_MAX >= 5) tile<F, 5, NB>(xg, K, w, rb, yg, N, bias, acc); break;
+      case 6: if constexpr (MB_MAX >= 6) tile<F, 6, NB>(xg, K, w, rb, yg, N, bias, acc); break;
       default: break;
     }
     m += size;
@@ -182,20 +170,17 @@ void linear_tiles(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
 
 // One token: tiles of M1_ROWS output rows dequantized on the fly, straight into the FMAs.
 // Several tokens: tiles of MT_ROWS rows dequantized once into a buffer, then groups of up to 4
-// tokens.  (Tile shapes were chosen by A/B timing on the development machine.)  Both paths give
-// every element the same operations, hence the same bits.
+// tokens.  Both paths give every element the same operations, hence the same bits.
 template <int F>
 void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* bias,
                  float* y, bool acc) {
-  if (M == 1 && M1_FUSED) {
+  if (M == 1) {
     constexpr int NB = M1_ROWS;
     const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes, tiles = N / NB;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; ++t)
       tile<F, 1, NB>(x, K, w + t * NB * rb, rb, y + t * NB, N, bias ? bias + t * NB : nullptr, acc);
     for (int64_t n = tiles * NB; n < N; ++n) tile<F, 1, 1>(x, K, w + n * rb, rb, y + n, N, bias ? bias + n : nullptr, acc);
-  } else if (M == 1) {
-    linear_tiles<F, M1_ROWS>(x, M, K, w, N, bias, y, acc);
   } else {
     linear_tiles<F, MT_ROWS>(x, M, K, w, N, bias, y, acc);
   }
