@@ -1,4 +1,8 @@
-"""Command line: ``specserve generate`` (bench and serve arrive with their issues)."""
+"""Command line: ``specserve generate``, ``serve``, ``bench`` and ``profile``.
+
+Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
+options, defaults and default draft lengths come from the registry, never from this file.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +23,27 @@ class _Parser(argparse.ArgumentParser):
         raise SpecserveError(message)
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
+def drafter_help() -> str:
+    """Every registered drafter with its options and defaults, for --help."""
+    from specserve.drafters import available, drafter_class
+
+    parts = []
+    for name in available():
+        cls = drafter_class(name)
+        opts = ", ".join(f"{o.name}={'REQUIRED' if o.required else o.default}" for o in cls.options)
+        kind = "tree, k = node budget" if cls.tree else "chain"
+        parts.append(f"{name} ({kind}; default k={cls.default_num_draft}{'; ' + opts if opts else ''})")
+    return "; ".join(parts)
+
+
+def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
-    p.add_argument("--drafter", default="ngram", help="none, ngram, draft-model or oracle")
-    p.add_argument("--draft-model", default=None, help="draft model path (drafter draft-model)")
-    p.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (k)")
-    p.add_argument("--ngram-min", type=int, default=1)
-    p.add_argument("--ngram-max", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.8, help="oracle acceptance probability (synthetic)")
+    p.add_argument("--drafter", default=None, action="append" if many else "store",
+                   help="drafter spec name[:option=value]... (default ngram"
+                        + ("; repeatable, the first is the default for requests" if many else "") + "). "
+                        + "Drafters: " + drafter_help().replace("%", "%%"))
+    p.add_argument("--num-draft", type=int, default=None,
+                   help="draft length k per step (tree drafters: node budget); default: the drafter's own")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch (auto: native when this CPU and compiler allow)")
@@ -50,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    _engine_args(v)
+    _engine_args(v, many=True)
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--max-batch", type=int, default=16, help="sequences in the running batch (KV rows)")
@@ -60,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
     b.add_argument("--model", default="default")
     b.add_argument("--methods", default=DEFAULT_METHODS,
-                   help="comma-separated drafter[:key=value]... (k = draft length); plain decoding always runs")
+                   help="comma-separated drafter specs name[:option=value]... (k = draft length or node budget); "
+                        "plain decoding always runs")
     b.add_argument("--groups", default="all", help="all or comma-separated Spec-Bench groups")
     b.add_argument("--per-group", type=int, default=5)
     b.add_argument("--max-tokens", type=int, default=128)
@@ -157,6 +175,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drafter_specs(args: argparse.Namespace) -> list:
+    """The drafter specs the command line names (parsed and checked: no model is loaded yet)."""
+    from specserve.drafters import DrafterSpec
+
+    texts = args.drafter if isinstance(args.drafter, list) else [args.drafter or "ngram"]
+    specs = [DrafterSpec.parse(t) for t in (texts or ["ngram"])]
+    if args.num_draft is not None:
+        if args.num_draft < 0:
+            raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
+        specs[0] = DrafterSpec(specs[0].name, specs[0].options, args.num_draft, specs[0].text)
+    for spec in specs:
+        if spec.name == "draft-model":
+            from specserve.models.loader import resolve_model_path
+            resolve_model_path(str(spec.options["model"]))
+    return specs
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -164,32 +199,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specserve.models.loader import RuntimeOptions, resolve_model_path
     from specserve.server.app import create_app
 
-    if args.num_draft < 0:
-        raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
+    specs = _drafter_specs(args)
     if not 1 <= args.port <= 65535:
         raise SpecserveError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_batch < 1 or args.max_waiting < 0:
         raise SpecserveError("--max-batch must be >= 1 and --max-waiting >= 0")
     path = resolve_model_path(args.model)
-    specs = {"ngram": {"min_n": args.ngram_min, "max_n": args.ngram_max}} | drafter_specs(args)
     llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention), drafters=specs,
-              max_batch=args.max_batch, max_len=args.max_len)
+              max_batch=args.max_batch, max_len=args.max_len, preload=True)
     name = args.served_model_name or ("default" if args.model == "default" else path)
-    app = create_app(llm, name, default_drafter=args.drafter, default_k=args.num_draft,
-                     max_waiting=args.max_waiting, request_timeout_s=args.request_timeout)
+    app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
+                     request_timeout_s=args.request_timeout)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
-
-
-def drafter_specs(args: argparse.Namespace) -> dict[str, dict]:
-    """The drafter options the command line asks for, by drafter name."""
-    from specserve.drafters import drafter_class
-
-    drafter_class(args.drafter)  # unknown names fail here, before loading anything
-    opts = {"ngram": {"min_n": args.ngram_min, "max_n": args.ngram_max},
-            "oracle": {"alpha": args.alpha, "seed": getattr(args, "seed", None) or 0},
-            "draft-model": {"model": args.draft_model}}
-    return {args.drafter: opts.get(args.drafter, {})}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -200,31 +222,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # cheap checks first: a typo should not cost a model load
     if not args.prompt.strip():
         raise SpecserveError("empty prompt")
-    if args.num_draft < 0:
-        raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
     if args.max_tokens < 1:
         raise SpecserveError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    spec = _drafter_specs(args)[0]
     resolve_model_path(args.model)
-    if args.drafter == "draft-model":
-        if not args.draft_model:
-            raise SpecserveError("--drafter draft-model needs --draft-model PATH")
-        resolve_model_path(args.draft_model)
-    specs = drafter_specs(args)
     options = RuntimeOptions(args.dtype, args.device, args.kernels, args.attention)
-    llm = LLM(args.model, options, drafters=specs, max_batch=1, max_len=args.max_len)
+    llm = LLM(args.model, options, drafters=[spec], max_batch=1, max_len=args.max_len)
     prompt_ids = llm.encode(args.prompt, raw=args.raw)
-    num_draft = 0 if args.drafter == "none" else args.num_draft
+    num_draft = spec.k
 
     def run(drafter: str, k: int):
         req = llm.request(prompt_ids, args.max_tokens, sampling, drafter, k, args.stop)
         return llm.completion(llm.engine.generate([req])[0], args.stop)
 
-    run(args.drafter, num_draft) if args.compare_plain else None  # warm-up when timing matters
-    out = run(args.drafter, num_draft)
+    run(spec.name, num_draft) if args.compare_plain else None  # warm-up when timing matters
+    out = run(spec.name, num_draft)
     plain = run("none", 0) if args.compare_plain else None
     if args.json:
         doc = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+               "drafter": spec.text, "num_draft": num_draft,
                "stats": {k: v for k, v in out.stats.items() if k != "token_times_s"},
                "runtime": vars(llm.target.options) | {"batch_invariant": llm.target.options.batch_invariant}}
         if plain is not None:
@@ -234,9 +251,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     s = out.stats
     print(out.text)
-    label = f"{args.drafter}{' (SYNTHETIC oracle: a study, not a real drafter)' if s['synthetic'] else ''}"
+    label = f"{spec.text}{' (SYNTHETIC oracle: a study, not a real drafter)' if s['synthetic'] else ''}"
     print(f"\n[{label}, k={num_draft}] {s['generated_tokens']} tokens in {s['total_s']:.2f}s = "
-          f"{s['tokens_per_second']:.1f} tok/s; mean accepted length {s['mean_accepted_length']:.2f}; "
+          f"{s['tokens_per_second']:.1f} tok/s; mean accepted length {s['mean_accepted_length']:.2f} "
+          f"({s['mean_nodes_per_step']:.1f} nodes drafted per step); "
           f"TTFT {s['ttft_s'] * 1000:.0f} ms; draft {s['draft_s']:.2f}s verify {s['verify_s']:.2f}s "
           f"other {s['other_s']:.2f}s", file=sys.stderr)
     if plain is not None:

@@ -1,12 +1,16 @@
-"""The speculative decoding loop: draft, verify in one target pass, accept, roll back.
+"""The speculative loop: draft, verify in one target pass, accept, compact the KV cache, roll back.
 
 The engine knows no tokenization, HTTP, benchmark or command line.  It owns the target's KV
-cache and every rollback of it.  Sequences are added with ``add`` and advanced together by
-``step``; ``generate`` runs a list of requests to completion.  A batch shares each target pass;
-every sequence has its own drafter, draft length and sampling settings.
+cache: every compaction and rollback of it.  Requests are admitted with ``admit`` and advanced
+together by ``step``; ``generate`` runs a list of requests to completion.  A batch shares each
+target pass; every sequence has its own drafter, node budget and sampling settings, and each
+drafter proposes a chain or a tree (``specserve.drafters.base``).
 
 Cache invariant: for a running sequence, ``cache.lengths[row] == len(tokens) - 1``; the last token
-(the *pending* token) has been generated but not yet fed to the target.
+(the *pending* token) has been generated but not yet fed to the target.  A step feeds the pending
+token and every drafted node at slots ``L .. L + N`` (L = the row's length), verifies, moves the
+accepted path's entries to slots ``L + 1 .. L + a`` (``KVCache.compact``; nothing moves for a
+chain) and sets the row's length to ``L + 1 + a``: entries past it are dead and overwritten later.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ from typing import Callable
 
 import torch
 
-from specserve.drafters.base import DraftRequest, Drafter
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
-from specserve.sampling import SamplingParams, exponential_noise, processed_probs, sample
+from specserve.sampling import SamplingParams, sample
 from specserve.stats import RequestStats
-from specserve.verify import greedy_verify, rejection_verify
+from specserve.step_verify import StepOutcome, verify_rows
 
-MAX_DRAFT = 32
+MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
 
 
 @dataclass
@@ -34,7 +38,7 @@ class Request:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     drafter: str = "none"
-    num_draft: int = 0
+    num_draft: int = 0                 # draft length; for tree drafters the node budget
     eos_ids: frozenset[int] = frozenset()
     stop_fn: Callable[[list[int]], bool] | None = None   # True when generated tokens hit a stop string
 
@@ -42,7 +46,7 @@ class Request:
 @dataclass
 class Result:
     tokens: list[int]
-    finish_reason: str            # "stop" (EOS or stop string) or "length"
+    finish_reason: str            # "stop" (EOS or stop string), "length" or "abort"
     stats: RequestStats
 
 
@@ -76,12 +80,12 @@ class Engine:
         for d in self.drafters.values():
             d.bind(max_batch, self.max_len)
         self.cache = self.model.new_cache(max_batch, self.max_len, slack=MAX_DRAFT + 1)
-        self.free_rows = list(range(max_batch))
-        self.running: list[Sequence] = []
-        self.finished: dict[int, Result] = {}
+        self._free_rows = list(range(max_batch))
+        self._running: list[Sequence] = []
+        self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ what the scheduler may use
     def check(self, req: Request) -> None:
         """Refuse a request that cannot be served, before anything is allocated."""
         if not req.prompt:
@@ -102,14 +106,32 @@ class Engine:
         self.drafters[req.drafter].validate(req.sampling)
 
     @property
+    def free_capacity(self) -> int:
+        """Sequences that can still be admitted (free KV rows)."""
+        return len(self._free_rows)
+
+    @property
     def has_capacity(self) -> bool:
-        return bool(self.free_rows)
+        return bool(self._free_rows)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def progress(self, seq_id: int) -> list[int] | None:
+        """Tokens generated so far by a running sequence (None once it is no longer running)."""
+        s = self._find(seq_id)
+        return s.generated if s is not None else None
+
+    def take_result(self, seq_id: int) -> Result | None:
+        """The result of a finished sequence, handed over once (None if it has not finished)."""
+        return self._finished.pop(seq_id, None)
 
     @torch.inference_mode()
-    def add(self, req: Request) -> int:
+    def admit(self, req: Request) -> int:
         """Admit a request: prefill its prompt and sample its first token.  Returns its id."""
         self.check(req)
-        if not self.free_rows:
+        if not self._free_rows:
             raise RuntimeError("no free batch slot; check has_capacity first")
         seq_id = next(self._ids)
         drafter = self.drafters[req.drafter]
@@ -120,69 +142,73 @@ class Engine:
             gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else int(torch.randint(2**62, (1,))))
         stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt))
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
-        seq = Sequence(seq_id, req, self.free_rows.pop(0), list(req.prompt), gen, stats, time.perf_counter())
+        seq = Sequence(seq_id, req, self._free_rows.pop(0), list(req.prompt), gen, stats, time.perf_counter())
         t0 = time.perf_counter()
-        logits = self.model(torch.tensor([req.prompt], device=self.model.device), self.cache, [seq.row], [0],
-                            last_only=True).logits[0, -1]
-        first = int(sample(logits, req.sampling, gen))
+        out = self.model(torch.tensor([req.prompt], device=self.model.device), self.cache, [seq.row], [0],
+                         last_only=True, features=drafter.feature_layers)
+        first = int(sample(out.logits[0, -1], req.sampling, gen))
         self.cache.truncate(seq.row, len(req.prompt))
         stats.target_passes = 1
         stats.verify_s += time.perf_counter() - t0
-        self.running.append(seq)
+        self._running.append(seq)
+        drafter.feedback(Feedback(seq_id, DraftProposal([]), [], [first],
+                                  {layer: f[0] for layer, f in out.features.items()}))
         self._commit(seq, [first])
         if seq.finish_reason is not None:
             self._retire(seq)
         return seq_id
 
+    def abort(self, seq_id: int) -> None:
+        """Drop a running sequence now (client gone); its slot is free for the next step."""
+        s = self._find(seq_id)
+        if s is not None:
+            s.finish_reason = "abort"
+            self._retire(s)
+            self._finished.pop(seq_id, None)
+
+    def reset(self) -> None:
+        """Drop every sequence, running or finished: drafters forget them, all rows are free."""
+        for s in list(self._running):
+            self.drafters[s.request.drafter].end(s.seq_id)
+        self._running.clear()
+        self._finished.clear()
+        self._free_rows = list(range(self.cache.rows))
+
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def step(self) -> list[int]:
         """Advance every running sequence by one verification pass.  Returns ids that finished."""
-        seqs = list(self.running)
+        seqs = list(self._running)
         if not seqs:
             return []
 
-        # 1. draft: each sequence's drafter proposes up to k tokens; never past max_tokens
+        # 1. draft: each drafter proposes a chain or a tree within its sequence's node budget
         t0 = time.perf_counter()
-        drafts: dict[int, list[int]] = {}
-        qs: dict[int, torch.Tensor | None] = {}
-        by_drafter: dict[str, list[Sequence]] = {}
-        for s in seqs:
-            by_drafter.setdefault(s.request.drafter, []).append(s)
-        for name, group in by_drafter.items():
-            reqs = [DraftRequest(s.seq_id, s.tokens, self._draft_len(s), s.request.sampling) for s in group]
-            for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
-                drafts[s.seq_id] = prop.tokens[: r.k]
-                qs[s.seq_id] = prop.probs[: r.k] if prop.probs is not None else None
+        proposals = self._draft(seqs)
         t_draft = time.perf_counter() - t0
 
-        # 2. verify pass: pending token + drafts for every sequence, padded to the longest draft
+        # 2. one target pass: the pending token and every node, for all sequences
         t0 = time.perf_counter()
-        width = max(len(drafts[s.seq_id]) for s in seqs)
-        rows = [[s.tokens[-1]] + drafts[s.seq_id] + [0] * (width - len(drafts[s.seq_id])) for s in seqs]
-        dev = self.model.device
-        logits = self.model(torch.tensor(rows, device=dev), self.cache, [s.row for s in seqs],
-                            [self.cache.lengths[s.row] for s in seqs]).logits      # [B, width+1, V]
+        out = self._target_pass(seqs, proposals)
 
-        # 3. acceptance: greedy rows by argmax, sampled rows by rejection sampling
-        emitted: dict[int, list[int]] = {}
-        for greedy in (True, False):
-            idx = [i for i, s in enumerate(seqs) if s.request.sampling.greedy == greedy]
-            if idx:
-                emitted.update(self._verify([seqs[i] for i in idx], logits[idx], drafts, qs, greedy))
+        # 3. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+        outcomes = verify_rows(seqs, proposals, out.logits)
         t_verify = time.perf_counter() - t0
 
-        # 4. commit accepted tokens (stops inside the run end it there), 5. roll back the KV cache
+        # 4. commit accepted tokens (a stop inside the run ends it there), 5. compact and roll back
+        #    the KV cache, 6. feed back to the drafters
         done = []
-        for s in seqs:
-            drafted, new = len(drafts[s.seq_id]), emitted[s.seq_id]
+        for i, s in enumerate(seqs):
+            o, prop = outcomes[s.seq_id], proposals[s.seq_id]
             old_len = self.cache.lengths[s.row]
-            s.stats.record_step(drafted, len(new) - 1)
-            self.drafters[s.request.drafter].feedback(s.seq_id, drafted, len(new) - 1)
-            self._commit(s, new)
-            # the cache now validly holds the pending token and the accepted drafts; the last
-            # emitted token (recovered or bonus) becomes the new pending token
-            self.cache.truncate(s.row, old_len + len(new))
+            kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
+            self.cache.compact(s.row, old_len, kept)
+            self.cache.truncate(s.row, old_len + len(kept))
+            s.stats.record_step(len(prop), max(prop.depths(), default=0), len(o.path))
+            drafter = self.drafters[s.request.drafter]
+            feats = {layer: out.features[layer][i, kept] for layer in drafter.feature_layers}
+            drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats))
+            self._commit(s, o.tokens)
             s.stats.draft_s += t_draft
             s.stats.verify_s += t_verify
             if s.finish_reason is not None:
@@ -192,36 +218,41 @@ class Engine:
                 self._retire(s)
         return done
 
-    def _draft_len(self, s: Sequence) -> int:
-        remaining = s.request.max_tokens - len(s.generated)
-        return max(0, min(s.request.num_draft, remaining - 1))
+    def _draft(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
+        """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
+        out: dict[int, DraftProposal] = {}
+        by_drafter: dict[str, list[Sequence]] = {}
+        for s in seqs:
+            by_drafter.setdefault(s.request.drafter, []).append(s)
+        vocab = self.target.config.vocab_size
+        for name, group in by_drafter.items():
+            reqs = []
+            for s in group:
+                depth = max(0, s.request.max_tokens - len(s.generated) - 1)   # never draft past max_tokens
+                budget = s.request.num_draft if depth else 0
+                reqs.append(DraftRequest(s.seq_id, s.tokens, budget, s.request.sampling, depth))
+            for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
+                prop = prop.truncated(r.k, r.max_depth)
+                prop.check(vocab)
+                out[s.seq_id] = prop
+        return out
 
-    def _verify(self, seqs: list[Sequence], logits: torch.Tensor, drafts: dict, qs: dict,
-                greedy: bool) -> dict[int, list[int]]:
-        """Run the pure verification functions on one homogeneous group.  logits: [B, K+1, V]."""
-        dev = logits.device
-        k = logits.shape[1] - 1
-        draft = torch.tensor([drafts[s.seq_id] + [0] * (k - len(drafts[s.seq_id])) for s in seqs],
-                             dtype=torch.long, device=dev).view(len(seqs), k)
-        num_draft = torch.tensor([len(drafts[s.seq_id]) for s in seqs], dtype=torch.long, device=dev)
-        if greedy:
-            res = greedy_verify(draft, num_draft, logits)
-        else:
-            vocab = logits.shape[-1]
-            p = torch.stack([processed_probs(logits[i], s.request.sampling) for i, s in enumerate(seqs)])
-            q = None
-            if any(qs[s.seq_id] is not None for s in seqs):
-                q = torch.zeros(len(seqs), k, vocab, device=dev)
-                for i, s in enumerate(seqs):
-                    n = len(drafts[s.seq_id])
-                    if qs[s.seq_id] is not None:
-                        q[i, :n] = qs[s.seq_id].to(dev)
-                    elif n:
-                        q[i, torch.arange(n), draft[i, :n]] = 1.0
-            uniform = torch.stack([torch.rand(k, generator=s.generator, device=s.generator.device) for s in seqs])
-            noise = torch.stack([exponential_noise((vocab,), s.generator) for s in seqs])
-            res = rejection_verify(draft, num_draft, q, p, uniform.to(dev), noise.to(dev))
-        return {s.seq_id: res.row(i) for i, s in enumerate(seqs)}
+    def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal]):
+        """Row b: [pending token] + node tokens, padded to the widest row; node parents shift by one
+        (the pending token is pass index 0).  A batch of chains passes no parents at all."""
+        width = max(len(proposals[s.seq_id]) for s in seqs)
+        rows = [[s.tokens[-1]] + proposals[s.seq_id].tokens for s in seqs]
+        tokens = [r + [0] * (width + 1 - len(r)) for r in rows]
+        parents = None
+        if not all(proposals[s.seq_id].is_chain for s in seqs):
+            parents = torch.full((len(seqs), width + 1), -1, dtype=torch.long)
+            for b, s in enumerate(seqs):
+                prop = proposals[s.seq_id]
+                parents[b, 1: len(prop) + 1] = torch.tensor(prop.parent_list(), dtype=torch.long) + 1
+        layers = tuple(sorted({x for s in seqs for x in self.drafters[s.request.drafter].feature_layers}))
+        dev = self.model.device
+        return self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs],
+                          [self.cache.lengths[s.row] for s in seqs], parents=parents, features=layers)
 
     def _commit(self, s: Sequence, new: list[int]) -> None:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
@@ -242,17 +273,12 @@ class Engine:
         s.stats.generated_tokens = len(s.generated)
         s.stats.total_s = time.perf_counter() - s.arrival
         self.drafters[s.request.drafter].end(s.seq_id)
-        self.running.remove(s)
-        self.free_rows.append(s.row)
-        self.finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)
+        self._running.remove(s)
+        self._free_rows.append(s.row)
+        self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)
 
-    def abort(self, seq_id: int) -> None:
-        """Drop a running sequence now (client gone); its slot is free for the next step."""
-        for s in self.running:
-            if s.seq_id == seq_id:
-                s.finish_reason = "abort"
-                self._retire(s)
-                return
+    def _find(self, seq_id: int) -> Sequence | None:
+        return next((s for s in self._running if s.seq_id == seq_id), None)
 
     # ------------------------------------------------------------------ convenience
     def generate(self, requests: list[Request]) -> list[Result]:
@@ -261,9 +287,9 @@ class Engine:
             self.check(r)
         waiting = list(enumerate(requests))
         ids: dict[int, int] = {}
-        while waiting or self.running:
+        while waiting or self._running:
             while waiting and self.has_capacity:
                 i, r = waiting.pop(0)
-                ids[i] = self.add(r)
+                ids[i] = self.admit(r)
             self.step()
-        return [self.finished.pop(ids[i]) for i in range(len(requests))]
+        return [self._finished.pop(ids[i]) for i in range(len(requests))]

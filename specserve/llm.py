@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
-from specserve.drafters import create
+from specserve.drafters import DrafterSpec, available, drafter_class
 from specserve.engine import Engine, Request, Result
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
@@ -43,14 +43,31 @@ class LLM:
     """A target model, its tokenizer and an engine with the named drafters loaded."""
 
     def __init__(self, model: str = "default", options: RuntimeOptions | None = None,
-                 drafters: dict[str, dict[str, Any]] | None = None, max_batch: int = 16,
-                 max_len: int | None = 4096, loaded: LoadedModel | None = None):
+                 drafters: Iterable[str | DrafterSpec] | Mapping[str, dict[str, Any]] | None = None,
+                 max_batch: int = 16, max_len: int | None = 4096, loaded: LoadedModel | None = None,
+                 preload: bool = False):
+        """``drafters``: specs (``"ngram:max_n=5"``; the label a request names is the drafter's name),
+        or a mapping label -> options, where the option ``drafter`` names the registered drafter
+        (default: the label) and ``k`` its default draft length.  ``none`` is always loaded; with
+        ``preload`` so is every drafter that declares itself cheap (``Drafter.preload``)."""
         self.target = loaded or load_model(model, options)
         self.tokenizer = load_tokenizer(self.target)
-        # drafters: label -> options; the option "drafter" names the registered drafter (default: the label)
-        specs = {"none": {}} | dict(drafters or {})
-        built = {label: create(opts.get("drafter", label), self.target,
-                               **{k: v for k, v in opts.items() if k != "drafter"}) for label, opts in specs.items()}
+        specs: dict[str, DrafterSpec] = {"none": DrafterSpec("none")}
+        if isinstance(drafters, Mapping):
+            for label, opts in drafters.items():
+                opts = dict(opts)
+                k = opts.pop("k", None)
+                specs[label] = DrafterSpec(opts.pop("drafter", label), opts, k, label)
+        else:
+            for d in drafters or ():
+                spec = d if isinstance(d, DrafterSpec) else DrafterSpec.parse(d)
+                specs[spec.name] = spec
+        if preload:
+            for name in available():
+                if drafter_class(name).preload and name not in specs:
+                    specs[name] = DrafterSpec(name)
+        built = {label: spec.build(self.target) for label, spec in specs.items()}
+        self.default_k = {label: spec.k for label, spec in specs.items()}   # draft length when a request names none
         self.engine = Engine(self.target, built, max_batch=max_batch, max_len=max_len)
 
     def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
@@ -64,7 +81,10 @@ class LLM:
         return self.tokenizer.encode_chat(prompt)
 
     def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str = "none",
-                num_draft: int = 0, stop: list[str] | None = None) -> Request:
+                num_draft: int | None = None, stop: list[str] | None = None) -> Request:
+        """An engine request; ``num_draft`` None means the drafter's configured default (0 stays 0)."""
+        if num_draft is None:
+            num_draft = self.default_k.get(drafter, 0)
         return Request(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, drafter=drafter,
                        num_draft=num_draft, eos_ids=self.tokenizer.eos_ids,
                        stop_fn=stop_checker(self.tokenizer, stop or []))
@@ -76,7 +96,7 @@ class LLM:
         return Completion(text, result.tokens, result.finish_reason, result.stats.to_dict())
 
     def generate(self, prompts: list[str | list[dict]], max_tokens: int = 128,
-                 sampling: SamplingParams | None = None, drafter: str = "none", num_draft: int = 0,
+                 sampling: SamplingParams | None = None, drafter: str = "none", num_draft: int | None = None,
                  stop: list[str] | None = None, raw: bool = False) -> list[Completion]:
         sampling = sampling or SamplingParams()
         reqs = [self.request(self.encode(p, raw), max_tokens, sampling, drafter, num_draft, stop) for p in prompts]

@@ -1,6 +1,7 @@
 """Continuous batching: a bounded waiting queue, admission by free KV slots, one engine thread.
 
-The engine is touched only by the scheduler's thread.  Between two engine steps the thread:
+The engine is touched only by the scheduler's thread, and only through its methods (check, admit,
+step, abort, reset, progress, take_result, free capacity).  Between two engine steps the thread:
 1. drops cancelled and timed-out sequences (a disconnected client frees its slot within one step),
 2. admits waiting requests while the engine has free KV rows (the fixed KV-memory budget:
    ``max_batch`` rows of ``max_len`` positions, preallocated), 3. runs one step, 4. publishes each
@@ -100,8 +101,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - keep serving; fail what was in flight
                 for h in list(self.active.values()):
                     self._finish_error(h, f"internal engine error: {e}")
-                self.engine.running.clear()
-                self.engine.free_rows = list(range(self.engine.cache.rows))
+                self.engine.reset()
 
     def _tick(self) -> None:
         now = time.perf_counter()
@@ -109,7 +109,6 @@ class Scheduler:
         for h in list(self.active.values()):
             if h.cancelled or now > h.deadline:
                 self.engine.abort(h.seq_id)
-                self.engine.finished.pop(h.seq_id, None)
                 self._expire(h)
         with self._wake:
             pending = [h for h in self.waiting if h.cancelled or now > h.deadline]
@@ -124,17 +123,20 @@ class Scheduler:
                     break
                 h = self.waiting.popleft()
             try:
-                h.seq_id = self.engine.add(h.request)
+                h.seq_id = self.engine.admit(h.request)
             except SpecserveError as e:
                 self._finish_error(h, str(e), outcome="rejected")
                 continue
+            except Exception as e:  # noqa: BLE001 - fail this request too, then let _run reset the engine
+                self._finish_error(h, f"internal engine error: {e}")
+                raise
             h.queue_s = time.perf_counter() - h.arrival
             self.active[h.seq_id] = h
             self._publish(h)
         # 3. one engine step over the whole batch
-        if self.engine.running:
+        if self.engine.num_running:
             if self.metrics is not None:
-                self.metrics.observe_batch(len(self.engine.running))
+                self.metrics.observe_batch(self.engine.num_running)
             self.engine.step()
         # 4. publish new tokens and results
         for h in list(self.active.values()):
@@ -148,14 +150,13 @@ class Scheduler:
             self._finish_error(h, "request timed out", outcome="timeout")
 
     def _publish(self, h: Handle) -> None:
-        seq = next((s for s in self.engine.running if s.seq_id == h.seq_id), None)
-        if seq is not None:
-            gen = seq.generated
+        gen = self.engine.progress(h.seq_id)
+        if gen is not None:
             if len(gen) > h.sent:
                 h.push("tokens", gen[h.sent:])
                 h.sent = len(gen)
             return
-        result: Result | None = self.engine.finished.pop(h.seq_id, None)
+        result: Result | None = self.engine.take_result(h.seq_id)
         if result is None:
             return
         if len(result.tokens) > h.sent:

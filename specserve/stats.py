@@ -12,23 +12,26 @@ class RequestStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     target_passes: int = 0            # prefill pass + verification passes
-    drafted_per_position: list[int] = field(default_factory=list)   # [i]: steps that drafted >= i+1 tokens
-    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps that accepted >= i+1 tokens
+    drafted_per_depth: list[int] = field(default_factory=list)    # [d]: steps whose draft reached depth d+1
+    accepted_per_depth: list[int] = field(default_factory=list)   # [d]: steps that accepted >= d+1 tokens
+    nodes_per_step: list[int] = field(default_factory=list)       # nodes drafted (chain: tokens), per step
     ttft_s: float = 0.0               # arrival -> first generated token
     draft_s: float = 0.0              # time in drafter.propose (shared steps count fully)
     verify_s: float = 0.0             # target passes (prefill included) and verification
     total_s: float = 0.0              # arrival -> last token
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
 
-    def record_step(self, drafted: int, accepted: int) -> None:
-        """Count one verification pass that checked ``drafted`` tokens and accepted ``accepted``."""
-        while len(self.drafted_per_position) < drafted:
-            self.drafted_per_position.append(0)
-            self.accepted_per_position.append(0)
-        for i in range(drafted):
-            self.drafted_per_position[i] += 1
+    def record_step(self, nodes: int, depth: int, accepted: int) -> None:
+        """Count one verification pass over a draft of ``nodes`` nodes reaching ``depth`` (a chain
+        of k tokens: k and k), of which ``accepted`` tokens (a path) were accepted."""
+        while len(self.drafted_per_depth) < depth:
+            self.drafted_per_depth.append(0)
+            self.accepted_per_depth.append(0)
+        for i in range(depth):
+            self.drafted_per_depth[i] += 1
         for i in range(accepted):
-            self.accepted_per_position[i] += 1
+            self.accepted_per_depth[i] += 1
+        self.nodes_per_step.append(nodes)
         self.target_passes += 1
 
     @property
@@ -37,11 +40,12 @@ class RequestStats:
 
     @property
     def drafted_tokens(self) -> int:
-        return sum(self.drafted_per_position)
+        """Nodes drafted over all steps (for chains: drafted tokens)."""
+        return sum(self.nodes_per_step)
 
     @property
     def accepted_tokens(self) -> int:
-        return sum(self.accepted_per_position)
+        return sum(self.accepted_per_depth)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -50,7 +54,12 @@ class RequestStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted tokens per drafted node."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_nodes_per_step(self) -> float:
+        return self.drafted_tokens / len(self.nodes_per_step) if self.nodes_per_step else 0.0
 
     @property
     def other_s(self) -> float:
@@ -66,8 +75,9 @@ class RequestStats:
             "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
             "target_passes": self.target_passes, "verify_passes": self.verify_passes,
             "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-            "drafted_per_position": list(self.drafted_per_position),
-            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_depth": list(self.drafted_per_depth),
+            "accepted_per_depth": list(self.accepted_per_depth),
+            "nodes_per_step": list(self.nodes_per_step), "mean_nodes_per_step": self.mean_nodes_per_step,
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "ttft_s": self.ttft_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
             "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,

@@ -139,3 +139,164 @@ def reference_verify(draft: list[int], draft_probs: Tensor | None, target_probs:
             residual = p
         return out + [int((residual / noise).argmax())]
     return out + [int((target_probs[len(draft)] / noise).argmax())]
+
+
+# ---------------------------------------------------------------------------------------------- trees
+#
+# A drafted *tree* has N nodes in topological order: node i holds token ``tokens[i]`` and its parent
+# ``parents[i]`` (-1: a child of the pending token; always < i).  A chain is parents -1, 0, 1, ...
+# The target is scored at the pending token and at every node (``target_*[0]`` and ``[i + 1]``), so
+# the target's distribution for a node's children is row ``parent + 1``.  Verification walks from
+# the pending token down; the **accepted path** is the list of node indices it accepts, root to leaf,
+# and the step emits their tokens followed by one recovered or bonus token, as for a chain.
+#
+# Greedy: the accepted path is the longest root-to-node path whose every node equals the target's
+# argmax at its parent (among equally long ones, the one ending at the lowest node index).
+#
+# Sampling: multi-candidate speculative sampling by recursive rejection over siblings (SpecInfer,
+# Miao et al., ASPLOS 2024, Algorithm 2 "multi-step speculative sampling"; the same recursion with
+# drafts drawn without replacement is Jeon et al. 2024, "Recursive Speculative Decoding").  At a
+# node with target distribution r (at first p), its children c_1, c_2, ... are tried in list order:
+# c_j is accepted with probability min(1, r(c_j) / q_j(c_j)); on rejection r becomes
+# normalise(max(0, r - q_j)) and the next child is tried; when every child is rejected the
+# recovered token is drawn from r, and at a leaf the bonus token from p.  Here **q_j is the
+# distribution node c_j was drawn from given everything drafted before it** (its ancestors and its
+# earlier siblings): siblings drawn i.i.d. *with replacement* share one q; siblings drawn *without
+# replacement* carry q renormalised over the tokens not yet drawn; a deterministic drafter's node
+# (no q) is one-hot on its token.  The output is then distributed exactly as p (each stage is the
+# single-draft lemma applied to r and q_j, whatever q_j is, as long as it is fixed before the
+# stage's uniform draw is made).
+
+
+@dataclass
+class TreeVerifyResult:
+    tokens: Tensor        # [B, N+1] int64: accepted path's tokens, then the recovered/bonus token, then PLACEHOLDER
+    path: Tensor          # [B, N] int64: accepted node indices root to leaf, then PLACEHOLDER
+    num_accepted: Tensor  # [B] int64
+
+    def row(self, b: int) -> list[int]:
+        """The tokens emitted for row b (num_accepted + 1 of them)."""
+        return self.tokens[b, : int(self.num_accepted[b]) + 1].tolist()
+
+    def accepted_nodes(self, b: int) -> list[int]:
+        return self.path[b, : int(self.num_accepted[b])].tolist()
+
+
+def tree_depths(parents: Tensor, num_nodes: Tensor) -> Tensor:
+    """Depth (1 for a child of the pending token) of every node: parents [B, N] -> [B, N]; 0 for padding."""
+    bsz, n = parents.shape
+    depth = torch.zeros(bsz, n, dtype=torch.long, device=parents.device)
+    valid = _valid(num_nodes, n)
+    for i in range(n):
+        p = parents[:, i]
+        up = torch.where(p >= 0, depth.gather(1, p.clamp(min=0)[:, None]).squeeze(1), 0)
+        depth[:, i] = torch.where(valid[:, i], up + 1, 0)
+    return depth
+
+
+def greedy_tree_verify(tokens: Tensor, parents: Tensor, num_nodes: Tensor, target_logits: Tensor) -> TreeVerifyResult:
+    """Accept the longest path of nodes that each equal the target's argmax at their parent.
+
+    tokens:        [B, N] int64 drafted node tokens (entries at or past num_nodes are ignored)
+    parents:       [B, N] int64 parent node index, -1 for children of the pending token
+    num_nodes:     [B] int64
+    target_logits: [B, N+1, V] at the pending token (0) and at each node (i + 1)
+
+    Example: tokens [a, b, c], parents [-1, -1, 1], argmax at pending/a/b/c = [b, x, c, y]
+    -> path [1, 2], tokens [b, c, y].
+    """
+    bsz, n = tokens.shape
+    argmax = target_logits.argmax(-1)                                                  # [B, N+1]
+    rows = torch.arange(bsz, device=tokens.device)
+    ok = torch.zeros(bsz, n, dtype=torch.bool, device=tokens.device)
+    valid = _valid(num_nodes, n)
+    for i in range(n):                                  # topological order: a parent's ok is known
+        p = parents[:, i]
+        parent_ok = torch.where(p >= 0, ok[rows, p.clamp(min=0)], True)
+        ok[:, i] = valid[:, i] & parent_ok & (tokens[:, i] == argmax[rows, p + 1])
+    depth = tree_depths(parents, num_nodes)
+    score = torch.where(ok, depth, 0)                                                  # [B, N]
+    if n:
+        best = score.argmax(1)                                                         # first of the deepest
+        num_accepted = score.gather(1, best[:, None]).squeeze(1)
+    else:
+        best = num_accepted = torch.zeros(bsz, dtype=torch.long, device=tokens.device)
+    path = _walk_up(parents, best, num_accepted, n)
+    final = argmax[rows, torch.where(num_accepted > 0, best + 1, 0)]
+    return TreeVerifyResult(_emit_path(tokens, path, num_accepted, final), path, num_accepted)
+
+
+def _walk_up(parents: Tensor, leaf: Tensor, length: Tensor, n: int) -> Tensor:
+    """Node indices root..leaf of length ``length`` per row, PLACEHOLDER-padded: [B, N]."""
+    bsz = parents.shape[0]
+    rows = torch.arange(bsz, device=parents.device)
+    path = torch.full((bsz, n), PLACEHOLDER, dtype=torch.long, device=parents.device)
+    node = leaf.clone()
+    for d in range(int(length.max()) if n else 0, 0, -1):
+        here = length >= d
+        path[rows[here], d - 1] = node[here]
+        node = torch.where(here, parents[rows, node.clamp(min=0)], node)
+    return path
+
+
+def _emit_path(tokens: Tensor, path: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:
+    """[B, N+1]: the path's tokens, the final token at num_accepted, PLACEHOLDER after."""
+    bsz, n = tokens.shape
+    out = torch.full((bsz, n + 1), PLACEHOLDER, dtype=torch.long, device=tokens.device)
+    if n:
+        out[:, :n] = torch.where(path >= 0, tokens.gather(1, path.clamp(min=0)), PLACEHOLDER)
+    return out.scatter(1, num_accepted[:, None], final[:, None])
+
+
+def tree_rejection_verify_row(tokens: list[int], parents: list[int], draft_probs: Tensor | None,
+                              target_probs: Tensor, uniform: Tensor, noise: Tensor) -> tuple[list[int], list[int]]:
+    """Recursive rejection sampling over one drafted tree (see the section comment above).
+
+    tokens, parents: N nodes;  draft_probs: [N, V] q per node, or None for one-hot nodes;
+    target_probs: [N+1, V] p at the pending token and at each node;  uniform: [N] U[0, 1), node i's
+    acceptance draw;  noise: [V] Exp(1) for the one recovered or bonus token.
+    Returns (accepted node indices root to leaf, emitted tokens).  On a chain this computes exactly
+    what ``rejection_verify`` does for that row, bit for bit.
+    """
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    path: list[int] = []
+    node = -1
+    while True:
+        r = target_probs[node + 1]
+        residual = None
+        accepted = None
+        for c in children.get(node, []):
+            if residual is not None:                    # the previous sibling was rejected
+                r = residual / residual.sum()
+            x = tokens[c]
+            q = draft_probs[c] if draft_probs is not None else None
+            q_x = q[x] if q is not None else torch.ones((), dtype=r.dtype)
+            if bool(uniform[c] * q_x <= r[x]):
+                accepted = c
+                break
+            q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(x), r.shape[-1]).to(r.dtype)
+            residual = (r - q).clamp_min(0)             # max(0, r - q)
+            if bool(residual.sum() <= 0):               # r == q up to rounding: r itself is right
+                residual = r
+        if accepted is None:
+            dist = residual if residual is not None else r
+            final = int((dist / noise).argmax())
+            return path, [tokens[i] for i in path] + [final]
+        path.append(accepted)
+        node = accepted
+
+
+def reference_tree_verify(tokens: list[int], parents: list[int], target_logits: Tensor) -> list[int]:
+    """Slow greedy reference: enumerate every root-to-node path, keep the longest that matches the
+    target's argmax at every step (lowest end index among equals).  target_logits: [N+1, V]."""
+    best: list[int] = []
+    for end in range(len(tokens)):
+        path = [end]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        if all(tokens[i] == int(target_logits[parents[i] + 1].argmax()) for i in path) and len(path) > len(best):
+            best = path
+    final = int(target_logits[best[-1] + 1 if best else 0].argmax())
+    return [tokens[i] for i in best] + [final]

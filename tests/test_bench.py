@@ -5,14 +5,14 @@ import math
 
 import pytest
 
-from specserve.bench.metrics import (acceptance_by_position, inter_token_latencies, mean_accepted_length,
+from specserve.bench.metrics import (acceptance_by_depth, inter_token_latencies, mean_accepted_length,
                                      percentile, speedups, tpot)
 from specserve.bench.runner import Method
 
 
 def rec(total, ttft, n, tps=None, drafted=(), accepted=(), passes=0, times=()):
     return {"total_s": total, "ttft_s": ttft, "generated_tokens": n, "tokens_per_second": tps or n / total,
-            "drafted_per_position": list(drafted), "accepted_per_position": list(accepted),
+            "drafted_per_depth": list(drafted), "accepted_per_depth": list(accepted), "drafted_tokens": sum(drafted),
             "verify_passes": passes, "accepted_tokens": sum(accepted), "token_times_s": list(times)}
 
 
@@ -34,7 +34,7 @@ def test_tpot_and_itl():
 def test_acceptance_and_mean_accepted_length():
     a = rec(1, 0.1, 10, drafted=[4, 4, 2], accepted=[3, 2, 1], passes=4)
     b = rec(1, 0.1, 10, drafted=[6], accepted=[0], passes=6)
-    assert acceptance_by_position([a, b]) == [0.3, 0.5, 0.5]
+    assert acceptance_by_depth([a, b]) == [0.3, 0.5, 0.5]
     assert mean_accepted_length([a, b]) == pytest.approx((6 + 10) / 10)
 
 
@@ -63,7 +63,7 @@ def test_tiny_end_to_end(tmp_path):
     report = (tmp_path / "report.md").read_text()
     for section in ("## Roofline", "## Per group", "## Concurrency", "## Cost of one target pass", "## Plots"):
         assert section in report
-    for png in ("speedup_by_group.png", "acceptance_by_position.png", "concurrency.png", "cost_curve.png"):
+    for png in ("speedup_by_group.png", "acceptance_by_depth.png", "concurrency.png", "cost_curve.png"):
         assert (tmp_path / png).stat().st_size > 1000
     assert {(c["method"], c["concurrency"]) for c in saved["concurrency"]} == \
         {(m, c) for m in saved["summary"] for c in (1, 2)}

@@ -17,7 +17,11 @@ CLI = [sys.executable, "-m", "specserve.cli"]
     (["generate", "--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["generate", "--prompt", "hi", "--top-p", "1.01"], "top_p must be in (0, 1]"),
     (["generate", "--prompt", "hi", "--drafter", "bogus"], "unknown drafter"),
-    (["generate", "--prompt", "hi", "--drafter", "draft-model"], "needs --draft-model"),
+    (["generate", "--prompt", "hi", "--drafter", "draft-model"], "needs option 'model'"),
+    (["generate", "--prompt", "hi", "--drafter", "draft-model:model=/no/such.gguf"], "does not exist"),
+    (["generate", "--prompt", "hi", "--drafter", "ngram:max_n=x"], "takes int"),
+    (["generate", "--prompt", "hi", "--drafter", "ngram:alpha=1"], "takes no option 'alpha'"),
+    (["generate", "--prompt", "hi", "--drafter", "ngram-tree:k=-1"], "k must be >= 0"),
     (["generate", "--prompt", "hi", "--max-tokens", "x"], "invalid int value"),
     (["generate"], "required"),
 ])
@@ -42,6 +46,6 @@ def test_generate_json():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert isinstance(doc["text"], str) and 1 <= len(doc["token_ids"]) <= 12
-    for key in ("mean_accepted_length", "drafted_per_position", "accepted_per_position", "target_passes",
+    for key in ("mean_accepted_length", "drafted_per_depth", "accepted_per_depth", "nodes_per_step", "target_passes",
                 "tokens_per_second", "ttft_s"):
         assert key in doc["stats"]

@@ -83,7 +83,7 @@ def test_statistics_are_consistent(target):
     s = eng.generate([Request(PROMPTS[2], 40, drafter="oracle", num_draft=4)])[0].stats
     assert s.generated_tokens == 40 == len(s.token_times)
     assert s.accepted_tokens + s.verify_passes + 1 == s.generated_tokens     # +1: the prefill token
-    assert all(a <= d for a, d in zip(s.accepted_per_position, s.drafted_per_position))
+    assert all(a <= d for a, d in zip(s.accepted_per_depth, s.drafted_per_depth))
     assert s.mean_accepted_length == pytest.approx((s.accepted_tokens + s.verify_passes) / s.verify_passes)
     assert s.synthetic and 0 < s.ttft_s <= s.total_s
 
@@ -101,9 +101,9 @@ def test_bad_requests_refused(target, req, msg, param):
     """Each refusal says why and names the offending field (the server reports it as ``param``)."""
     eng = Engine(target, {"none": create("none", target), "oracle": create("oracle", target)}, max_batch=1, max_len=128)
     with pytest.raises(SpecserveError, match=msg) as info:
-        eng.add(req)
+        eng.admit(req)
     assert info.value.param == param
-    assert eng.free_rows == [0] and not eng.running                            # nothing leaked
+    assert eng.free_capacity == 1 and eng.num_running == 0                    # nothing leaked
 
 
 def test_registry_refusals(target):
@@ -131,8 +131,8 @@ def test_ngram_propose_by_hand():
 
 def test_abort_frees_the_slot(target):
     eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
-    sid = eng.add(Request(PROMPTS[0], 40))
+    sid = eng.admit(Request(PROMPTS[0], 40))
     eng.step()
     eng.abort(sid)
-    assert eng.free_rows == [0] and not eng.running
-    assert eng.finished[sid].finish_reason == "abort"
+    assert eng.free_capacity == 1 and eng.num_running == 0
+    assert eng.progress(sid) is None and eng.take_result(sid) is None        # an aborted sequence leaves nothing

@@ -166,5 +166,5 @@ def test_kv_rollback_is_a_length_change():
 def test_hidden_states_on_request():
     lm = tiny_model(seed=5, vocab=64)
     c = lm.model.new_cache(1, 64)
-    out = lm.model(torch.tensor([[1, 2, 3]]), c, [0], [0], hidden_layers=(1, 2))
-    assert set(out.hidden) == {1, 2} and out.hidden[2].shape == (1, 3, 32)
+    out = lm.model(torch.tensor([[1, 2, 3]]), c, [0], [0], features=(1, 2))
+    assert set(out.features) == {1, 2} and out.features[2].shape == (1, 3, 32)

@@ -74,43 +74,80 @@ def test_cat_mixed_formats_falls_back_to_exact_f32():
     assert d.fmt == nt.Q4_1 and torch.equal(d.dequantize(), torch.cat([ra, ra]))
 
 
-def reference_attention(q, kc, vc, rows, pos, groups):
-    """float64 softmax attention. q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; pos: [B*T]."""
+def reference_attention(q, kc, vc, rows, keys, groups):
+    """float64 softmax attention.  q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; keys[i]: the cache slots
+    query i attends to."""
     bt, h, d = q.shape
     t = bt // len(rows)
     out = torch.empty(bt, h, d, dtype=torch.float64)
     for i in range(bt):
-        r, p = rows[i // t], int(pos[i])
+        r, slots = rows[i // t], torch.tensor(keys[i])
         for head in range(h):
-            k = kc[r, head // groups, : p + 1].double()
-            v = vc[r, head // groups, : p + 1].double()
+            k = kc[r, head // groups, slots].double()
+            v = vc[r, head // groups, slots].double()
             s = (k @ q[i, head].double()) * d ** -0.5
             out[i, head] = torch.softmax(s, 0) @ v
     return out
 
 
+G = torch.Generator().manual_seed(7)
+ROWS_N, HKV, CAP, D, H = 3, 2, 64, 16, 6
+KC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
+VC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
+
+
+def run_attention(q, rows, start, t, parents=None):
+    """ss_attention over KC/VC: rows/start per row, t tokens per row, optional parents [B*T]."""
+    out = torch.empty_like(q)
+    rows_t, start_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(start, dtype=torch.int64)
+    if parents is None:
+        depth = torch.arange(t).repeat(len(rows))
+        par_ptr = None
+    else:
+        par = torch.tensor(parents, dtype=torch.int64)
+        depth = torch.zeros(len(parents), dtype=torch.int64)
+        for i, p in enumerate(parents):
+            depth[i] = depth[(i // t) * t + p] + 1 if p >= 0 else 0
+        par_ptr = par.data_ptr()
+    pos = (start_t.repeat_interleave(t) + depth).contiguous()
+    nt.library().ss_attention(q.data_ptr(), KC.data_ptr(), VC.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
+                              pos.data_ptr(), par_ptr, len(rows), t, H, HKV, CAP, D, D ** -0.5, out.data_ptr())
+    return out
+
+
 def test_attention_matches_reference_and_is_invariant():
-    lib = nt.library()
-    g = torch.Generator().manual_seed(7)
-    rows_n, hkv, cap, d, h = 3, 2, 64, 16, 6
-    kc = torch.randn(rows_n, hkv, cap, d, generator=g)
-    vc = torch.randn(rows_n, hkv, cap, d, generator=g)
-
-    def run(q, rows, pos, t):
-        out = torch.empty_like(q)
-        rows_t, pos_t = torch.tensor(rows, dtype=torch.int64), pos.to(torch.int64).contiguous()
-        lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), pos_t.data_ptr(),
-                         len(rows), t, h, hkv, cap, d, d ** -0.5, out.data_ptr())
-        return out
-
-    q = torch.randn(2 * 9, h, d, generator=g)
-    pos = torch.tensor([list(range(20, 29)), list(range(41, 50))]).reshape(-1)   # lengths 21..50
-    got = run(q, [2, 0], pos, 9)
-    assert (got.double() - reference_attention(q, kc, vc, [2, 0], pos, h // hkv)).abs().max() < 1e-5
+    q = torch.randn(2 * 9, H, D, generator=G)
+    got = run_attention(q, [2, 0], [20, 41], 9)                      # chains: lengths 21..50
+    keys = [list(range(s + t + 1)) for s in (20, 41) for t in range(9)]
+    assert (got.double() - reference_attention(q, KC, VC, [2, 0], keys, H // HKV)).abs().max() < 1e-5
     # each query alone (one-token pass, batch of one) gives the same bits
     for i in range(18):
-        alone = run(q[i:i + 1].contiguous(), [[2, 0][i // 9]], pos[i:i + 1], 1)
+        alone = run_attention(q[i:i + 1].contiguous(), [[2, 0][i // 9]], [[20, 41][i // 9] + i % 9], 1)
         assert torch.equal(alone[0], got[i])
+
+
+def test_tree_attention_sees_prefix_and_ancestors_only_bit_for_bit():
+    """A tree of 7 tokens at an unaligned prefix (29 slots): each node's output equals the float64
+    reference over (prefix + its path), and is bit-identical to its path fed as a chain."""
+    parents = [-1, 0, 0, 1, 1, 2, 4]                 # 0: pending; 6's path is 0 -> 1 -> 4 -> 6
+    q = torch.randn(7, H, D, generator=G)
+    start = 29
+    got = run_attention(q, [1], [start], 7, parents)
+    paths = []
+    for t in range(7):
+        path = [t]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        paths.append(path)
+    keys = [list(range(start)) + [start + u for u in path] for path in paths]
+    assert (got.double() - reference_attention(q, KC, VC, [1], keys, H // HKV)).abs().max() < 1e-5
+    for t, path in enumerate(paths):
+        # the same path laid out as a chain: copy its keys/values to consecutive slots of row 2
+        KC[2, :, :start], VC[2, :, :start] = KC[1, :, :start], VC[1, :, :start]
+        for i, u in enumerate(path):
+            KC[2, :, start + i], VC[2, :, start + i] = KC[1, :, start + u], VC[1, :, start + u]
+        chain = run_attention(q[path].contiguous(), [2], [start], len(path))
+        assert torch.equal(chain[-1], got[t])
 
 
 def test_missing_compiler_is_a_clear_refusal(monkeypatch, tmp_path):

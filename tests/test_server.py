@@ -59,12 +59,12 @@ class Server:
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("default", drafters={"ngram": {}}, max_batch=MAX_BATCH, max_len=2048)
+    return LLM("default", drafters=["ngram"], max_batch=MAX_BATCH, max_len=2048, preload=True)
 
 
 @pytest.fixture(scope="module")
 def server(llm):
-    s = Server(llm, default_drafter="ngram", default_k=4, max_waiting=16)
+    s = Server(llm, default_drafter="ngram", max_waiting=16)
     yield s
     s.close()
 
@@ -97,7 +97,7 @@ def test_speculation_extension_and_stats(server):
             "speculative": {"drafter": "ngram", "num_draft": 4}}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
     stats = r["speculative_stats"]
-    assert stats["drafter"] == "ngram" and stats["drafted_per_position"][0] > 0
+    assert stats["drafter"] == "ngram" and stats["drafted_per_depth"][0] > 0
     plain = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "none"}}, timeout=120).json()
     assert plain["choices"][0]["text"] == r["choices"][0]["text"]
     assert plain["speculative_stats"]["mean_accepted_length"] == 1.0

@@ -9,15 +9,6 @@ import torch
 from specserve.models.loader import LoadedModel
 
 
-def weight_bytes(lm: LoadedModel) -> int:
-    """Bytes of weights a decoding pass reads, as the runtime stores them (native: the GGUF blocks;
-    fbgemm: fp16)."""
-    if hasattr(lm.model, "weight_bytes"):
-        return lm.model.weight_bytes()
-    per = 2 if lm.options.kernels == "fbgemm" else torch.empty(0, dtype=lm.model.dtype).element_size()
-    return lm.config.num_params * per
-
-
 def memory_bandwidth(size_mb: int = 256, reps: int = 5) -> float:
     """Measured copy bandwidth in bytes/s (read + write of a buffer far larger than the caches)."""
     src = torch.ones(size_mb * 2**20 // 4)
@@ -33,14 +24,22 @@ def memory_bandwidth(size_mb: int = 256, reps: int = 5) -> float:
 
 def roofline(lm: LoadedModel) -> dict:
     bw = memory_bandwidth()
-    wb = weight_bytes(lm)
+    wb = lm.model.weight_bytes()
     return {"parameters": lm.config.num_params, "weight_bytes": wb, "bandwidth_bytes_per_s": bw,
             "plain_decoding_ceiling_tok_s": bw / wb, "runtime": vars(lm.options)}
 
 
+def heap_tree(n: int) -> torch.Tensor:
+    """Parents of an n-token pass shaped as a binary tree (token i's parent is (i - 1) // 2): the
+    pending token with two children, each with two, ...  [1, n]."""
+    return torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, n)]])
+
+
 @torch.inference_mode()
-def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: int = 256, reps: int = 7) -> list[dict]:
-    """Median seconds of one target pass over ``t`` new tokens per row for ``b`` rows at ``context``.
+def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: int = 256, reps: int = 7,
+               trees: bool = True) -> list[dict]:
+    """Median seconds of one target pass over ``t`` new tokens per row for ``b`` rows at ``context``;
+    with ``trees``, also each row's tokens as a binary tree (``heap_tree``) instead of a chain.
 
     The repetitions are interleaved (rep 1 of every shape, then rep 2, ...) so that a slow spell of
     a shared machine lands on every shape alike instead of on one of them.
@@ -51,17 +50,21 @@ def cost_curve(lm: LoadedModel, tokens: list[int], batches: list[int], context: 
     prompt = torch.randint(0, lm.config.vocab_size, (1, context), generator=g)
     for row in range(max(batches)):
         m(prompt, cache, [row], [0], last_only=True)
-    shapes = [(b, t, torch.randint(0, lm.config.vocab_size, (b, t), generator=g)) for b in batches for t in tokens]
-    times: dict[tuple[int, int], list[float]] = {(b, t): [] for b, t, _ in shapes}
+    shapes = [(b, t, kind, torch.randint(0, lm.config.vocab_size, (b, t), generator=g))
+              for b in batches for t in tokens for kind in (("chain", "tree") if trees and t > 2 else ("chain",))]
+    times: dict[tuple, list[float]] = {(b, t, kind): [] for b, t, kind, _ in shapes}
     for rep in range(reps + 1):                                   # rep 0 is the warm-up
-        for b, t, x in shapes:
+        for b, t, kind, x in shapes:
+            parents = heap_tree(t).expand(b, t) if kind == "tree" else None
             s = time.perf_counter()
-            m(x, cache, list(range(b)), [context] * b)
+            m(x, cache, list(range(b)), [context] * b, parents=parents)
             if rep:
-                times[(b, t)].append(time.perf_counter() - s)
-    out = [{"batch": b, "tokens": t, "seconds": sorted(v)[len(v) // 2], "reps": reps}
-           for (b, t), v in times.items()]
+                times[(b, t, kind)].append(time.perf_counter() - s)
+    out = [{"batch": b, "tokens": t, "shape": kind, "seconds": sorted(v)[len(v) // 2], "reps": reps}
+           for (b, t, kind), v in times.items()]
     base = {r["batch"]: r["seconds"] for r in out if r["tokens"] == 1}
+    chain = {(r["batch"], r["tokens"]): r["seconds"] for r in out if r["shape"] == "chain"}
     for r in out:
         r["relative_to_1_token"] = r["seconds"] / base[r["batch"]] if r["batch"] in base else None
+        r["relative_to_chain"] = r["seconds"] / chain[r["batch"], r["tokens"]]
     return out

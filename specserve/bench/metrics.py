@@ -27,12 +27,19 @@ def inter_token_latencies(rec: dict) -> list[float]:
     return [b - a for a, b in zip(t, t[1:])]
 
 
-def acceptance_by_position(recs: list[dict]) -> list[float]:
-    """For each draft position i: accepted at i / drafted at i, summed over requests."""
-    width = max((len(r["drafted_per_position"]) for r in recs), default=0)
-    drafted = [sum(r["drafted_per_position"][i] for r in recs if i < len(r["drafted_per_position"])) for i in range(width)]
-    accepted = [sum(r["accepted_per_position"][i] for r in recs if i < len(r["accepted_per_position"])) for i in range(width)]
+def acceptance_by_depth(recs: list[dict]) -> list[float]:
+    """For each depth d (a chain's position): steps that accepted >= d tokens / steps whose draft
+    reached depth d, summed over requests."""
+    width = max((len(r["drafted_per_depth"]) for r in recs), default=0)
+    drafted = [sum(r["drafted_per_depth"][i] for r in recs if i < len(r["drafted_per_depth"])) for i in range(width)]
+    accepted = [sum(r["accepted_per_depth"][i] for r in recs if i < len(r["accepted_per_depth"])) for i in range(width)]
     return [a / d if d else math.nan for a, d in zip(accepted, drafted)]
+
+
+def mean_nodes_per_step(recs: list[dict]) -> float:
+    """Draft nodes (chain: tokens) verified per verification pass, over all requests."""
+    passes = sum(r["verify_passes"] for r in recs)
+    return sum(r["drafted_tokens"] for r in recs) / passes if passes else math.nan
 
 
 def mean_accepted_length(recs: list[dict]) -> float:
@@ -74,7 +81,8 @@ def summarize(recs: list[dict]) -> dict:
         "itl_s": dist([x for r in recs for x in inter_token_latencies(r)]),
         "e2e_s": dist([r["total_s"] for r in recs]),
         "mean_accepted_length": mean_accepted_length(recs),
-        "acceptance_by_position": acceptance_by_position(recs),
+        "acceptance_by_depth": acceptance_by_depth(recs),
+        "mean_nodes_per_step": mean_nodes_per_step(recs),
         "share_draft": sum(r["draft_s"] for r in recs) / total if total else math.nan,
         "share_verify": sum(r["verify_s"] for r in recs) / total if total else math.nan,
     }

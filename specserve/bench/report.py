@@ -20,23 +20,24 @@ def render_report(doc: dict) -> str:
              f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s.", "",
              "## Concurrency 1, all prompts", "",
              "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | mean accepted length "
-             "| acceptance by position | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % | divergent |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| nodes per step | acceptance by depth | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % "
+             "| divergent |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, s in doc["summary"].items():
         o = s["overall"]
-        acc = " ".join(f"{a:.2f}" for a in o["acceptance_by_position"][:8]) or "-"
+        acc = " ".join(f"{a:.2f}" for a in o["acceptance_by_depth"][:8]) or "-"
         name = f"{label} (SYNTHETIC)" if s["synthetic"] else label
         lines.append(f"| {name} | {o['tokens_per_second_mean']:.1f} | {o['tokens_per_second_total']:.1f} | "
                      f"{o['speedup']['spec_bench']:.2f}x | {o['speedup']['total_time']:.2f}x | "
-                     f"{o['mean_accepted_length']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
+                     f"{o['mean_accepted_length']:.2f} | {o['mean_nodes_per_step']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
                      f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
                      f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | {o['divergent_prompts']}/{o['requests']} |")
     groups = cfg["groups"]
-    lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length", "",
+    lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length / nodes per step", "",
               "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
     for label, s in doc["summary"].items():
-        cells = [f"{s['groups'][g]['speedup']['spec_bench']:.2f}x / {s['groups'][g]['mean_accepted_length']:.2f}"
-                 if g in s["groups"] else "-" for g in groups]
+        cells = [f"{s['groups'][g]['speedup']['spec_bench']:.2f}x / {s['groups'][g]['mean_accepted_length']:.2f} / "
+                 f"{s['groups'][g]['mean_nodes_per_step']:.1f}" if g in s["groups"] else "-" for g in groups]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if doc.get("concurrency"):
         lines += ["", "## Concurrency (closed loop, batched engine)", "",
@@ -65,7 +66,7 @@ def render_report(doc: dict) -> str:
 
 
 def write_plots(doc: dict, outdir: Path) -> list[str]:
-    """speedup_by_group.png, acceptance_by_position.png, concurrency.png, cost_curve.png."""
+    """speedup_by_group.png, acceptance_by_depth.png, concurrency.png, cost_curve.png."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -88,14 +89,14 @@ def write_plots(doc: dict, outdir: Path) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, s in doc["summary"].items():
-        acc = s["overall"]["acceptance_by_position"]
+        acc = s["overall"]["acceptance_by_depth"]
         if acc:
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate at position")
+    ax.set_xlabel("draft depth (chain: position)")
+    ax.set_ylabel("acceptance rate at depth")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
-    paths.append(_save(fig, outdir / "acceptance_by_position.png"))
+    paths.append(_save(fig, outdir / "acceptance_by_depth.png"))
 
     if doc.get("concurrency"):
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -111,7 +112,7 @@ def write_plots(doc: dict, outdir: Path) -> list[str]:
     if doc.get("cost_curve"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for b in sorted({c["batch"] for c in doc["cost_curve"]}):
-            rows = [c for c in doc["cost_curve"] if c["batch"] == b]
+            rows = [c for c in doc["cost_curve"] if c["batch"] == b and c.get("shape", "chain") == "chain"]
             ax.plot([c["tokens"] for c in rows], [c["seconds"] * 1e3 for c in rows], marker="o", label=f"batch {b}")
         ax.set_xlabel("tokens per row in the pass")
         ax.set_ylabel("ms per target pass")
@@ -129,17 +130,24 @@ def _save(fig, path: Path) -> str:
 
 
 def cost_table(curve: list[dict]) -> list[str]:
-    """Markdown rows of a cost curve: one line per batch size, one column per tokens-per-row."""
-    batches = sorted({c["batch"] for c in curve})
+    """Markdown rows of a cost curve: one line per batch size and pass shape (chain, or the same
+    number of tokens as a binary tree), one column per tokens-per-row.  Chain cells show the ratio
+    to a 1-token pass, tree cells the ratio to the chain of as many tokens."""
+    keys = sorted({(c["batch"], c.get("shape", "chain")) for c in curve})
     tokens = sorted({c["tokens"] for c in curve})
-    cell = {(c["batch"], c["tokens"]): c for c in curve}
+    cell = {(c["batch"], c.get("shape", "chain"), c["tokens"]): c for c in curve}
 
-    def fmt(c: dict) -> str:
+    def fmt(c: dict | None) -> str:
+        if c is None:
+            return "-"
+        if c.get("shape", "chain") == "tree":
+            return f"{c['seconds'] * 1e3:.1f} (x{c['relative_to_chain']:.2f} chain)"
         rel = c["relative_to_1_token"]
         return f"{c['seconds'] * 1e3:.1f}" + (f" ({rel:.2f})" if rel is not None else "")
 
     lines = ["| batch \\ tokens per row | " + " | ".join(map(str, tokens)) + " |", "|---|" + "---|" * len(tokens)]
-    return lines + [f"| {b} | " + " | ".join(fmt(cell[b, t]) for t in tokens) + " |" for b in batches]
+    return lines + [f"| {b}{' tree' if shape == 'tree' else ''} | " + " | ".join(fmt(cell.get((b, shape, t))) for t in tokens)
+                    + " |" for b, shape in keys]
 
 
 def render_endpoint_report(doc: dict) -> str:

@@ -18,13 +18,15 @@ from pathlib import Path
 
 from specserve.bench.datasets import GROUPS, Prompt, load_jsonl, spec_bench_sample
 from specserve.bench.metrics import speedups, summarize
+from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
 class Method:
-    """One engine configuration, written ``drafter[:key=value]...`` (``k`` is the draft length)."""
+    """One engine configuration: a drafter spec ``name[:option=value]...[:k=N]`` (see
+    ``specserve.drafters.registry``); ``k`` defaults to the drafter's own draft length."""
     drafter: str
     k: int = 0
     options: dict = field(default_factory=dict)
@@ -32,26 +34,8 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> "Method":
-        name, *parts = text.strip().split(":")
-        k, opts = (0 if name == "none" else 4), {}
-        for part in parts:
-            key, sep, val = part.partition("=")
-            if not sep:
-                raise SpecserveError(f"method {text!r}: expected key=value, got {part!r}")
-            if key == "k":
-                k = int(val)
-            else:
-                opts[key] = _number(val)
-        return cls(name, k, opts, text.strip())
-
-
-def _number(val: str):
-    for cast in (int, float):
-        try:
-            return cast(val)
-        except ValueError:
-            pass
-    return val
+        spec = DrafterSpec.parse(text)
+        return cls(spec.name, spec.k, spec.options, spec.label)
 
 
 @dataclass
@@ -95,7 +79,6 @@ def _checkpoint(doc: dict, out: str) -> None:
 
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     from specserve.bench.costs import cost_curve, roofline
-    from specserve.drafters import drafter_class
     from specserve.engine import Engine
     from specserve.llm import LLM
 
@@ -103,8 +86,6 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     if not any(m.drafter == "none" for m in methods):
         methods.insert(0, Method("none", 0, {}, "none"))
     methods.sort(key=lambda m: m.drafter != "none")
-    for m in methods:
-        drafter_class(m.drafter)
     bad = [g for g in cfg.groups if g not in GROUPS]
     if bad:
         raise SpecserveError(f"unknown group {bad[0]!r}; choose from all, {', '.join(GROUPS)}")

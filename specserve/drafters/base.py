@@ -1,40 +1,149 @@
 """The drafter interface: begin, propose, feedback, end.
 
-A drafter is called by the engine and never drives it.  Per sequence the engine calls
-``begin`` once with the prompt, then every step ``propose`` with the whole sequence so far
-(prompt + generated tokens; the last one is the pending token whose successor is being drafted),
-then ``feedback`` with how many drafted tokens were accepted, and finally ``end``.
-``propose`` takes a batch so drafters that run a model can batch their own passes.
+A drafter is called by the engine and never drives it.  Per sequence the engine calls ``begin``
+once with the prompt; ``feedback`` once after the prompt's prefill (with the prompt's target
+features, if the drafter asked for any) and then after every step; ``propose`` every step with the
+whole sequence so far (prompt + generated tokens; the last one is the *pending* token whose
+successors are being drafted); and finally ``end``.  ``propose`` takes a batch so that drafters
+that run a model can batch their own passes.
+
+A proposal is a **tree** of nodes in topological order: node i has a token and a parent index
+(-1: a child of the pending token; always < i).  A chain is parents -1, 0, 1, ... and is written
+with ``parents=None``, the common case, which costs nothing extra anywhere.  ``num_draft`` (the
+request's ``k``) is the node budget: a proposal has at most k nodes, and no node deeper than
+``max_depth``.
+
+Sampling drafters return ``probs``: row i is the distribution q node i's token was drawn from,
+given its ancestors and its earlier siblings.  Siblings drawn independently *with replacement*
+share one q; siblings drawn *without replacement* carry q renormalised over the tokens not drawn
+before them.  Verification (``specserve.verify``) is exact in both cases.  ``probs=None`` means
+every node is deterministic (one-hot q), as for n-gram lookup.
+
+Options: each drafter declares its options (``Option``: name, type, default, help) and its
+``default_num_draft``; the registry builds drafters from them and the command line, the server and
+the benchmark read them from there, with no per-drafter code of their own.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from specserve.sampling import SamplingParams
+
+REQUIRED = object()      # the default of an option that must be given
+
+
+@dataclass(frozen=True)
+class Option:
+    """One constructor option a drafter declares."""
+    name: str
+    type: type                 # int, float or str
+    default: Any = REQUIRED
+    help: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
 
 
 @dataclass
 class DraftRequest:
     seq_id: int
     tokens: list[int]          # prompt + generated so far; tokens[-1] is the pending token
-    k: int                     # propose at most this many tokens
+    k: int                     # node budget: propose at most this many nodes
     sampling: SamplingParams
+    max_depth: int = 1 << 30   # no node deeper than this (the engine: tokens left to generate - 1)
 
 
 @dataclass
 class DraftProposal:
-    tokens: list[int]          # 0..k drafted tokens
-    probs: Tensor | None = None  # [len(tokens), V] q each token was drawn from; None means one-hot
+    tokens: list[int]                        # N node tokens, topological order
+    probs: Tensor | None = None              # [N, V] q per node (see the module docstring); None: one-hot
+    parents: list[int] | None = None         # N parent indices (-1: child of the pending token); None: a chain
+    confidence: list[float] | None = None    # optional per-node score in [0, 1] (higher: likelier accepted)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def parent_list(self) -> list[int]:
+        return list(self.parents) if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+
+    def depths(self) -> list[int]:
+        """Depth of every node (1 for a child of the pending token)."""
+        out: list[int] = []
+        for p in self.parent_list():
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def truncated(self, k: int, max_depth: int) -> "DraftProposal":
+        """The first k nodes that lie within ``max_depth`` and whose ancestors are all kept."""
+        if len(self) <= k and (not self.tokens or max(self.depths()) <= max_depth):
+            return self
+        parents, depths = self.parent_list(), self.depths()
+        keep: list[int] = []
+        new_index: dict[int, int] = {}
+        for i, (p, d) in enumerate(zip(parents, depths)):
+            if len(keep) == k:
+                break
+            if d <= max_depth and (p < 0 or p in new_index):
+                new_index[i] = len(keep)
+                keep.append(i)
+        return DraftProposal([self.tokens[i] for i in keep],
+                             self.probs[keep] if self.probs is not None and keep else None,
+                             None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
+                             [self.confidence[i] for i in keep] if self.confidence is not None else None)
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
+        n = len(self.tokens)
+        if self.parents is not None:
+            if len(self.parents) != n or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+                raise ValueError(f"parents must satisfy -1 <= parents[i] < i, got {self.parents}")
+        if any(not 0 <= t < vocab_size for t in self.tokens):
+            raise ValueError("drafted token outside the vocabulary")
+        if self.probs is not None and tuple(self.probs.shape) != (n, vocab_size):
+            raise ValueError(f"probs must be [{n}, {vocab_size}], got {tuple(self.probs.shape)}")
+        if self.confidence is not None and len(self.confidence) != n:
+            raise ValueError("confidence needs one value per node")
+
+
+@dataclass
+class Feedback:
+    """What one step (or the prompt's prefill) did to a sequence, handed to its drafter."""
+    seq_id: int
+    proposal: DraftProposal                  # what was verified (empty after the prefill)
+    accepted: list[int]                      # accepted node indices, root to leaf
+    emitted: list[int]                       # tokens appended to the sequence this step
+    features: dict[int, Tensor] = field(default_factory=dict)
+    # ^ layer -> [n, hidden]: target features of the n positions the cache committed this step, in
+    #   order (after the prefill: every prompt position; after a step: the pending token, then the
+    #   accepted nodes).  Only the layers the drafter declared in ``feature_layers``.
+
+    @property
+    def num_drafted(self) -> int:
+        return len(self.proposal)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted)
 
 
 class Drafter(ABC):
     name: ClassVar[str] = ""
-    synthetic: ClassVar[bool] = False   # True when outputs are a study, not a real drafter
+    synthetic: ClassVar[bool] = False        # True when outputs are a study, not a real drafter
+    tree: ClassVar[bool] = False             # proposes trees (num_draft is then a node budget)
+    default_num_draft: ClassVar[int] = 4     # the draft length (node budget) when a request names none
+    preload: ClassVar[bool] = False          # cheap and option-free: a server loads it for requests to name
+    options: ClassVar[tuple[Option, ...]] = ()
+    feature_layers: tuple[int, ...] = ()     # target layers whose features ``feedback`` should carry
 
     def bind(self, max_batch: int, max_len: int) -> None:
         """The engine will run at most ``max_batch`` sequences of at most ``max_len`` tokens."""
@@ -47,10 +156,10 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        """Draft up to ``request.k`` tokens for each request, in order."""
+        """Draft up to ``request.k`` nodes for each request, in order."""
 
-    def feedback(self, seq_id: int, num_drafted: int, num_accepted: int) -> None:
-        """The last proposal for ``seq_id`` had ``num_accepted`` of ``num_drafted`` tokens accepted."""
+    def feedback(self, fb: Feedback) -> None:
+        """The prefill, or the last proposal's verification, for ``fb.seq_id``."""
 
     def end(self, seq_id: int) -> None:
-        """The sequence finished; drop its state."""
+        """The sequence finished or was dropped; forget it."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 from specserve.models.layers import QUERY_BLOCK
@@ -37,9 +37,13 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 @register("draft-model")
 class DraftModelDrafter(Drafter):
-    def __init__(self, target: LoadedModel, model: str | LoadedModel | None = None):
-        if model is None:
-            raise SpecserveError("drafter draft-model needs a draft model (--draft-model PATH)")
+    default_num_draft = 4
+    options = (Option("model", str, help="the draft model: a GGUF file or a Hugging Face directory"),)
+
+    def __init__(self, target: LoadedModel, model: str | LoadedModel):
+        if isinstance(model, str):
+            from specserve.models.loader import resolve_model_path
+            resolve_model_path(model)
         self.draft = model if isinstance(model, LoadedModel) else load_model(model, target.options)
         check_same_vocabulary(target, self.draft)
         self.cache = None
@@ -95,15 +99,16 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        active = [r for r in requests if r.k > 0]
+        active = [r for r in requests if min(r.k, r.max_depth) > 0]
         proposals = {id(r): DraftProposal([], None) for r in requests}
         if active:
             logits = self._catch_up(active)                                   # [B, V]
             tokens: list[list[int]] = [[] for _ in active]
             probs: list[list[torch.Tensor]] = [[] for _ in active]
-            for j in range(max(r.k for r in active)):
+            want = [min(r.k, r.max_depth) for r in active]
+            for j in range(max(want)):
                 for b, r in enumerate(active):
-                    if j >= r.k:
+                    if j >= want[b]:
                         continue
                     if r.sampling.greedy:
                         tok = int(logits[b].argmax())
@@ -112,7 +117,7 @@ class DraftModelDrafter(Drafter):
                         tok = int(race(q, exponential_noise(tuple(q.shape), self.gen[r.seq_id]).to(q.device)))
                         probs[b].append(q)
                     tokens[b].append(tok)
-                feeding = [b for b, r in enumerate(active) if j + 1 < r.k]
+                feeding = [b for b in range(len(active)) if j + 1 < want[b]]
                 if not feeding:
                     break
                 toks = torch.tensor([[tokens[b][-1]] for b in feeding], device=self.draft.model.device)

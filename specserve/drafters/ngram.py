@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
@@ -36,11 +36,16 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
 
 @register("ngram")
 class NgramDrafter(Drafter):
+    default_num_draft = 4
+    preload = True
+    options = (Option("min_n", int, 1, "shortest suffix to look up"),
+               Option("max_n", int, 4, "longest suffix to look up (tried first)"))
+
     def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 4):
         if not (isinstance(min_n, int) and isinstance(max_n, int)) or min_n < 1 or max_n < min_n:
             raise SpecserveError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        return [DraftProposal(ngram_propose(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n, r.k)
-                              if r.k > 0 else []) for r in requests]
+        return [DraftProposal(ngram_propose(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n,
+                                            min(r.k, r.max_depth)) if r.k > 0 else []) for r in requests]

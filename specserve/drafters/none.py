@@ -10,6 +10,9 @@ from specserve.drafters.registry import register
 
 @register("none")
 class NoDrafter(Drafter):
+    default_num_draft = 0
+    preload = True
+
     def __init__(self, target: Any = None):
         pass
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
@@ -35,6 +35,9 @@ def greedy_continuation(target: LoadedModel, prompt: list[int], n: int) -> list[
 @register("oracle")
 class OracleDrafter(Drafter):
     synthetic = True
+    default_num_draft = 4
+    options = (Option("alpha", float, 0.8, "probability of proposing the target's own next token"),
+               Option("seed", int, 0, "seed of the right/wrong draws"))
 
     def __init__(self, target: LoadedModel, alpha: float = 0.8, seed: int = 0):
         if not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
@@ -65,7 +68,7 @@ class OracleDrafter(Drafter):
             prompt_len, future, rng = self.state[r.seq_id]
             g = len(r.tokens) - prompt_len                 # index of the next token to generate
             tokens = []
-            for i in range(min(r.k, len(future) - g)):
+            for i in range(min(r.k, r.max_depth, len(future) - g)):
                 right = future[g + i]
                 if rng.random() < self.alpha:
                     tokens.append(right)

@@ -1,11 +1,17 @@
-"""Drafters by name.  ``create`` is the only place that maps a name to a class."""
+"""Drafters by name.  ``create`` is the only place that maps a name to a class.
+
+A drafter is written on the command line, in the benchmark's method list and in the Python API as
+a *spec*: ``name[:option=value]...``, e.g. ``ngram:max_n=5`` or ``draft-model:model=PATH``; the
+key ``k`` is the draft length (node budget for tree drafters).  Option values are converted to the
+types the drafter declares, and unknown or badly typed options are refused with the reason.
+"""
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specserve.drafters.base import Drafter
+from specserve.drafters.base import Drafter, Option
 from specserve.errors import SpecserveError
 
 _REGISTRY: dict[str, type[Drafter]] = {}
@@ -30,21 +36,93 @@ def available() -> list[str]:
 def drafter_class(name: str) -> type[Drafter]:
     _load_builtin()
     if name not in _REGISTRY:
-        raise SpecserveError(f"unknown drafter {name!r}; choose from {', '.join(available())}")
+        raise SpecserveError(f"unknown drafter {name!r}; choose from {', '.join(available())}", "drafter")
     return _REGISTRY[name]
+
+
+def _convert(name: str, opt: Option, value: Any) -> Any:
+    if not isinstance(value, (str, int, float, bool)):
+        return value                     # an object from the Python API (say, a loaded draft model)
+    if isinstance(value, opt.type) and not (opt.type is int and isinstance(value, bool)):
+        return value
+    if opt.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return opt.type(value)
+        except ValueError:
+            pass
+    raise SpecserveError(f"drafter {name!r} option {opt.name!r} takes {opt.type.__name__}, got {value!r}")
+
+
+def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The drafter's declared options with ``options`` applied: converted, defaults filled in."""
+    cls = drafter_class(name)
+    declared = {o.name: o for o in cls.options}
+    unknown = [k for k in options if k not in declared]
+    if unknown:
+        raise SpecserveError(f"drafter {name!r} takes no option {unknown[0]!r}; it accepts: "
+                             f"{', '.join(declared) or 'none'}")
+    out = {}
+    for opt in cls.options:
+        if opt.name in options:
+            out[opt.name] = _convert(name, opt, options[opt.name])
+        elif opt.required:
+            raise SpecserveError(f"drafter {name!r} needs option {opt.name!r} ({opt.help}); "
+                                 f"write it as {name}:{opt.name}=VALUE")
+        else:
+            out[opt.name] = opt.default
+    return out
 
 
 def create(name: str, target: Any, **options: Any) -> Drafter:
     """Build drafter ``name`` for ``target`` (a LoadedModel); unknown or bad options are refused."""
-    cls = drafter_class(name)
-    params = inspect.signature(cls.__init__).parameters
-    unknown = [k for k in options if k not in params]
-    if unknown:
-        accepted = [p for p in params if p not in ("self", "target")]
-        raise SpecserveError(f"drafter {name!r} takes no option {unknown[0]!r}; it accepts: {', '.join(accepted) or 'none'}")
-    return cls(target, **options)
+    return drafter_class(name)(target, **resolve_options(name, options))
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """``name[:option=value]...[:k=N]``: a drafter, its options and (optionally) its draft length."""
+    name: str
+    options: dict = field(default_factory=dict)
+    num_draft: int | None = None          # None: the drafter's default_num_draft
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "DrafterSpec":
+        name, *parts = text.strip().split(":")
+        drafter_class(name)
+        opts: dict[str, Any] = {}
+        k = None
+        for part in parts:
+            key, sep, val = part.partition("=")
+            if not sep or not key:
+                raise SpecserveError(f"drafter spec {text!r}: expected option=value, got {part!r}", "drafter")
+            if key == "k":
+                try:
+                    k = int(val)
+                except ValueError:
+                    raise SpecserveError(f"drafter spec {text!r}: k takes an integer, got {val!r}", "num_draft") from None
+                if k < 0:
+                    raise SpecserveError(f"drafter spec {text!r}: k must be >= 0", "num_draft")
+            else:
+                opts[key] = val
+        resolved = resolve_options(name, opts)    # refuse bad options now, before anything is loaded
+        return cls(name, {key: resolved[key] for key in opts}, k, text.strip())
+
+    @property
+    def label(self) -> str:
+        return self.text or self.name
+
+    @property
+    def k(self) -> int:
+        """The draft length to use: the spec's, else the drafter's default (0 for ``none``)."""
+        return self.num_draft if self.num_draft is not None else drafter_class(self.name).default_num_draft
+
+    def build(self, target: Any) -> Drafter:
+        return create(self.name, target, **self.options)
 
 
 def _load_builtin() -> None:
     # importing the modules runs their @register decorators
-    from specserve.drafters import draft_model, ngram, none, oracle  # noqa: F401
+    from specserve.drafters import draft_model, ngram, ngram_tree, none, oracle  # noqa: F401

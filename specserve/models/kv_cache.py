@@ -42,6 +42,20 @@ class KVCache:
             raise ValueError(f"length {length} outside [0, {self.max_len}]")
         self.lengths[row] = length
 
+    def compact(self, row: int, start: int, path: list[int]) -> None:
+        """Move an accepted tree path together: the entries at slots ``start + path[i]`` go to
+        ``start + i``, for every layer.  ``path`` is strictly increasing with ``path[0] == 0`` (the
+        pending token), so no entry is overwritten before it is read; a chain (``path[i] == i``)
+        moves nothing.  Example: start 10, path [0, 1, 3] moves slot 13 to slot 12."""
+        moves = [(start + i, start + p) for i, p in enumerate(path) if p != i]
+        if not moves:
+            return
+        dst = torch.tensor([d for d, _ in moves], device=self.k[0].device)
+        src = torch.tensor([s for _, s in moves], device=self.k[0].device)
+        for k, v in zip(self.k, self.v):
+            k[row, :, dst] = k[row, :, src]
+            v[row, :, dst] = v[row, :, src]
+
     def nbytes(self) -> int:
         """Bytes held by the cache tensors."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

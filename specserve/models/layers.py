@@ -18,8 +18,11 @@ Two attention paths exist (``ATTENTION``):
   ``KEY_BLOCK``; every GEMM has a fixed shape, block partial sums are accumulated by a sequential
   ``cumsum``, so appending masked keys adds exact zeros.  A query's output is bit-identical in a
   1-token decoding pass and in any verification pass of up to ``QUERY_BLOCK`` tokens, alone or
-  batched.  Passes longer than that (prefill) use ``sdpa``; prefill is the same call in plain and
-  speculative decoding.
+  batched.  Tree passes, and chains of up to ``VIRTUAL_MAX_TOKENS`` tokens, run every token as a
+  *virtual row*: a one-query row whose keys are gathered in virtual order (the cached prefix, then
+  the token's path), which is exactly the decoding pass of that token, so the same bits again at
+  the price of copying each token's keys.  Longer passes (prefill) use ``sdpa``; prefill is the
+  same call in plain and speculative decoding.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specserve.models.decoder import ancestor_mask
+
 LINEAR_KERNELS = ("torch", "fbgemm")
 ATTENTION = ("sdpa", "invariant")
 QUERY_BLOCK = 16
 KEY_BLOCK = 64
+VIRTUAL_MAX_TOKENS = 80
 
 
 def fbgemm_available() -> bool:
@@ -150,3 +156,30 @@ def invariant_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor
     den = scores.sum(-1).cumsum_(2)[:, :, -1]                     # [b, hkv, M]
     out = (num / den.unsqueeze(-1)).reshape(b, h, QUERY_BLOCK, d)
     return out[:, :, :t]
+
+
+def virtual_key_slots(start: Tensor, parents: Tensor | None, depth: Tensor) -> Tensor:
+    """Cache slots of each token's keys in virtual order, for ``invariant_attention`` per token.
+
+    start: [B] prefix lengths; parents: [B, T] (None: a chain); depth: [B, T].
+    Returns [B, T, S'] with S' a multiple of KEY_BLOCK: virtual key v of token (b, t) is slot v for
+    v < start[b], then the slot of its depth-(v - start[b]) ancestor (itself last), then slot 0
+    (masked: beyond the token's position).  Example: start 2, parents [-1, 0, 0] -> token 2's
+    keys are slots [0, 1, 2, 4, 0, ...].
+    """
+    bsz, t = depth.shape
+    dev = depth.device
+    if parents is None:
+        parents = (torch.arange(t, device=dev) - 1)[None].expand(bsz, t)
+    anc = ancestor_mask(parents)                                               # [B, T, T]
+    # path[b, t, e]: the ancestor of t at depth e (scatter each ancestor u to column depth[u])
+    col = torch.where(anc, depth[:, None, :], t)                               # [B, T, T]
+    src = torch.arange(t, device=dev).expand(bsz, t, t)
+    path = torch.zeros(bsz, t, t + 1, dtype=torch.long, device=dev).scatter_(2, col, src)[..., :t]
+    s_v = int((start[:, None] + depth).max()) + 1
+    s_v = -(-s_v // KEY_BLOCK) * KEY_BLOCK
+    v = torch.arange(s_v, device=dev)[None, None, :]                           # [1, 1, S']
+    rel = v - start[:, None, None]                                             # [B, 1, S']
+    on_path = (rel >= 0) & (rel <= depth[:, :, None])                          # [B, T, S']
+    path_slot = start[:, None, None] + path.gather(2, rel.clamp(0, t - 1).expand(bsz, t, s_v))
+    return torch.where(rel < 0, v, torch.where(on_path, path_slot, 0))

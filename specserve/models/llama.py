@@ -1,40 +1,39 @@
-"""The Llama-family decoder: one short class per block, weights given as a Hugging Face state dict.
-
-The model knows nothing of speculation.  ``Transformer.forward`` feeds T new tokens per row,
-writes their keys and values into the cache at the positions it is given, and returns logits
-(and, on request, hidden states).  Which cache entries are valid is the caller's business.
+"""The Llama-family decoder on torch ops: one short class per block, weights given as a Hugging
+Face state dict.  It implements the decoder protocol (``specserve.models.decoder``): a pass feeds
+T tokens per row, chain or tree, writes their keys and values at the cache slots the layout gives,
+and returns logits (and, on request, features).  Which cache entries are valid is the caller's
+business.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import time
 
 import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
+from specserve.models.decoder import (ForwardOutput, PartTimer, ancestor_mask, check_parents,
+                                      tree_depths)
 from specserve.models.kv_cache import KVCache
-from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, Linear, RMSNorm, apply_rope,
+from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS, Linear, RMSNorm, apply_rope,
                                      invariant_attention, invariant_attention_bias, rope_inv_freq,
-                                     rope_tables, sdpa_attention)
-
-
-@dataclass
-class ForwardOutput:
-    logits: Tensor                                  # [B, T, V] (or [B, 1, V] with last_only)
-    hidden: dict[int, Tensor] = field(default_factory=dict)  # layer -> [B, T, hidden]
+                                     rope_tables, sdpa_attention, virtual_key_slots)
 
 
 @dataclass
 class _Step:
     """What every layer of one forward pass shares."""
     rows: slice | Tensor          # cache rows: a slice when contiguous, else an index tensor [B]
-    positions: Tensor             # [B, T] absolute positions of the new tokens
-    s_used: int                   # keys attended over (positions [0, s_used))
-    cos: Tensor                   # [B, 1, T, D]
+    slots: Tensor                 # [B, T] cache slots the new tokens are written to
+    s_used: int                   # keys attended over (slots [0, s_used))
+    cos: Tensor                   # [B, 1, T, D] at the rotary positions
     sin: Tensor                   # [B, 1, T, D]
     mask: Tensor | None           # sdpa: [B, 1, T, S] bool
     bias: Tensor | None           # invariant: see invariant_attention_bias
+    virtual: Tensor | None = None  # invariant, one virtual row per token: [B, T, S'] key slots
 
 
 class Attention(nn.Module):
@@ -48,6 +47,7 @@ class Attention(nn.Module):
         self.o = Linear(sd[f"{prefix}.o_proj.weight"], None, kernel)
         self.q_norm = RMSNorm(sd[f"{prefix}.q_norm.weight"], cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(sd[f"{prefix}.k_norm.weight"], cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.core = AttentionCore(self.hkv)
 
     def forward(self, x: Tensor, step: _Step, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         bsz, t, _ = x.shape
@@ -60,23 +60,48 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, step.cos, step.sin).to(x.dtype)
         k = apply_rope(k, step.cos, step.sin).to(x.dtype)
-        # write the new keys/values at their absolute positions; rows index the cache slots
+        return self.o(self.core(q, k, v, step, k_cache, v_cache).transpose(1, 2).reshape(bsz, t, self.h * self.d))
+
+
+class AttentionCore(nn.Module):
+    """The cache write and the attention itself (its own module so that a timer hook sees it)."""
+
+    def __init__(self, kv_heads: int):
+        super().__init__()
+        self.hkv = kv_heads
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, step: _Step, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """q: [B, H, T, D]; k, v: [B, Hkv, T, D] (rotated) -> [B, H, T, D]."""
+        bsz = q.shape[0]
+        # write the new keys/values at their cache slots; rows index the cache rows
         kc, vc = k_cache[step.rows], v_cache[step.rows]                        # views when rows is a slice
         if isinstance(step.rows, slice):
-            b_idx = torch.arange(bsz, device=x.device)[:, None]
-            kc[b_idx, :, step.positions] = k.transpose(1, 2)                   # [B, T, Hkv, D]
-            vc[b_idx, :, step.positions] = v.transpose(1, 2)
-            keys, values = kc[:, :, :step.s_used], vc[:, :, :step.s_used]
+            b_idx = torch.arange(bsz, device=q.device)[:, None]
+            kc[b_idx, :, step.slots] = k.transpose(1, 2)                       # [B, T, Hkv, D]
+            vc[b_idx, :, step.slots] = v.transpose(1, 2)
         else:
             r_idx = step.rows[:, None]
-            k_cache[r_idx, :, step.positions] = k.transpose(1, 2)
-            v_cache[r_idx, :, step.positions] = v.transpose(1, 2)
-            keys, values = k_cache[step.rows, :, :step.s_used], v_cache[step.rows, :, :step.s_used]
+            k_cache[r_idx, :, step.slots] = k.transpose(1, 2)
+            v_cache[r_idx, :, step.slots] = v.transpose(1, 2)
+            kc, vc = k_cache[step.rows], v_cache[step.rows]
+        if step.virtual is not None:
+            return self._virtual_rows(q, kc, vc, step)
         if step.bias is not None:
-            out = invariant_attention(q, keys, values, step.bias)
-        else:
-            out = sdpa_attention(q, keys, values, step.mask)
-        return self.o(out.transpose(1, 2).reshape(bsz, t, self.h * self.d))
+            return invariant_attention(q, kc[:, :, :step.s_used], vc[:, :, :step.s_used], step.bias)
+        return sdpa_attention(q, kc[:, :, :step.s_used], vc[:, :, :step.s_used], step.mask)
+
+    def _virtual_rows(self, q: Tensor, kc: Tensor, vc: Tensor, step: _Step) -> Tensor:
+        """Invariant attention with every token as a one-query row over its own keys in virtual
+        order (prefix, then its path): exactly a decoding pass of that token.  q: [B, H, T, D];
+        kc, vc: [B, Hkv, C, D] -> [B, H, T, D]."""
+        bsz, h, t, d = q.shape
+        idx = step.virtual                                                     # [B, T, S']
+        b_idx = torch.arange(bsz, device=q.device)[:, None, None]
+        keys = kc[b_idx, :, idx].permute(0, 1, 3, 2, 4).reshape(bsz * t, self.hkv, idx.shape[-1], d)
+        values = vc[b_idx, :, idx].permute(0, 1, 3, 2, 4).reshape(bsz * t, self.hkv, idx.shape[-1], d)
+        qv = q.transpose(1, 2).reshape(bsz * t, h, 1, d)
+        out = invariant_attention(qv, keys, values, step.bias)                # [B*T, H, 1, D]
+        return out.view(bsz, t, h, d).transpose(1, 2)
 
 
 class FeedForward(nn.Module):
@@ -135,47 +160,91 @@ class Transformer(nn.Module):
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
                        self.dtype, self.device, block=KEY_BLOCK, slack=slack)
 
-    @torch.inference_mode()
-    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int],
-                last_only: bool = False, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Feed ``tokens`` [B, T]; row b's tokens go to cache row ``rows[b]`` at positions
-        ``start[b] .. start[b]+T-1`` and attend to every cached position up to their own.
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decoding pass reads: fp16 for fbgemm, the model dtype otherwise."""
+        per = 2 if self.kernel == "fbgemm" else torch.empty(0, dtype=self.dtype).element_size()
+        return self.config.num_params * per
 
-        last_only: return logits for the last position only ([B, 1, V]).
-        hidden_layers: layer indices whose output to return (``num_layers`` = after final norm).
-        """
+    def set_timer(self, timer: PartTimer | None) -> None:
+        """Time later passes by part, through forward hooks on the modules (None: remove them)."""
+        for handle in getattr(self, "_timer_hooks", []):
+            handle.remove()
+        self._timer_hooks = []
+        if timer is None:
+            return
+        starts: dict[int, float] = {}
+
+        def add(module, part):
+            def pre(mod, args):
+                starts[id(mod)] = time.perf_counter()
+
+            def post(mod, args, out):
+                timer.seconds[part] += time.perf_counter() - starts.pop(id(mod))
+            self._timer_hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+        for block in self.layers:
+            for module, part in ((block.attn.qkv, "qkv"), (block.attn.o, "o"), (block.ffn.gate_up, "gate_up"),
+                                 (block.ffn.down, "down"), (block.attn_norm, "norms+activation"),
+                                 (block.ffn_norm, "norms+activation"), (block.attn.core, "attention")):
+                add(module, part)
+        add(self.lm_head, "lm_head")
+        add(self.norm, "norms+activation")
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
+                parents: Tensor | None = None, last_only: bool = False,
+                features: tuple[int, ...] = ()) -> ForwardOutput:
+        """One pass (layout: ``specserve.models.decoder``)."""
         bsz, t = tokens.shape
         dev = tokens.device
         start_t = torch.tensor(start, dtype=torch.long, device=dev)
-        positions = start_t[:, None] + torch.arange(t, device=dev)[None]       # [B, T]
+        arange = torch.arange(t, device=dev)
+        slots = start_t[:, None] + arange[None]                                 # [B, T]
+        if parents is not None:
+            parents = parents.to(device=dev, dtype=torch.long)
+            check_parents(parents, t)
+        depth = arange[None].expand(bsz, t) if parents is None else tree_depths(parents)
+        positions = start_t[:, None] + depth                                   # rotary positions [B, T]
         s_used = max(start) + t
-        if self.attention == "invariant" and t <= QUERY_BLOCK:
-            s_used = -(-s_used // KEY_BLOCK) * KEY_BLOCK
-            q_pos = start_t[:, None] + torch.arange(QUERY_BLOCK, device=dev)[None]
-            bias = invariant_attention_bias(q_pos, self.config.num_heads // self.config.num_kv_heads,
-                                            s_used, self.dtype)
-            mask = None
-        else:
-            bias = None
-            mask = (torch.arange(s_used, device=dev)[None, None, :] <= positions[:, :, None])[:, None]
         if s_used > cache.capacity:
             raise ValueError(f"positions up to {s_used} exceed cache capacity {cache.capacity}")
+        mask = bias = virtual = None
+        groups = self.config.num_heads // self.config.num_kv_heads
+        if self.attention == "invariant" and parents is None and t <= QUERY_BLOCK:
+            s_used = -(-s_used // KEY_BLOCK) * KEY_BLOCK
+            q_pos = start_t[:, None] + torch.arange(QUERY_BLOCK, device=dev)[None]
+            bias = invariant_attention_bias(q_pos, groups, s_used, self.dtype)
+        elif self.attention == "invariant" and t <= VIRTUAL_MAX_TOKENS:
+            virtual = virtual_key_slots(start_t, parents, depth)
+            q_pos = positions.reshape(-1, 1).expand(-1, QUERY_BLOCK)
+            bias = invariant_attention_bias(q_pos, groups, virtual.shape[-1], self.dtype)
+        else:
+            keys = torch.arange(s_used, device=dev)
+            if parents is None:
+                mask = keys[None, None, :] <= positions[:, :, None]                 # causal
+            else:
+                rel = keys[None, :] - start_t[:, None]                             # [B, S] slot - start
+                in_pass = (rel >= 0) & (rel < t)
+                anc = ancestor_mask(parents)                                       # [B, T, T]
+                tree = anc.gather(2, rel.clamp(0, t - 1)[:, None, :].expand(bsz, t, s_used))
+                mask = (rel < 0)[:, None, :] | (in_pass[:, None, :] & tree)
+            mask = mask[:, None]
         lo = rows[0]
         contiguous = rows == list(range(lo, lo + bsz))
         row_sel = slice(lo, lo + bsz) if contiguous else torch.tensor(rows, device=dev)
         cos = self.cos.to(dev)[positions].unsqueeze(1)
         sin = self.sin.to(dev)[positions].unsqueeze(1)
-        step = _Step(row_sel, positions, s_used, cos, sin, mask, bias)
+        step = _Step(row_sel, slots, s_used, cos, sin, mask, bias, virtual)
 
         x = self.embed[tokens]                                                  # [B, T, hidden]
-        hidden: dict[int, Tensor] = {}
+        feats: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
-            if i in hidden_layers:
-                hidden[i] = x
+            if i in features:
+                feats[i] = x
             x = layer(x, step, cache.k[i], cache.v[i])
         x = self.norm(x)
-        if self.config.num_layers in hidden_layers:
-            hidden[self.config.num_layers] = x
+        if self.config.num_layers in features:
+            feats[self.config.num_layers] = x
         if last_only:
             x = x[:, -1:]
-        return ForwardOutput(logits=self.lm_head(x).float(), hidden=hidden)
+        return ForwardOutput(logits=self.lm_head(x).float(), features=feats)

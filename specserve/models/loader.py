@@ -17,6 +17,7 @@ import torch
 
 from specserve.errors import SpecserveError
 from specserve.models.config import ModelConfig
+from specserve.models.decoder import Decoder
 from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
 from specserve.models import native as native_fmt
 from specserve.models.llama import Transformer
@@ -98,7 +99,7 @@ class RuntimeOptions:
 
 @dataclass
 class LoadedModel:
-    model: Transformer
+    model: Decoder                # either runtime: llama.Transformer or native NativeTransformer
     config: ModelConfig
     path: str                     # the directory or GGUF file the weights came from
     options: RuntimeOptions
@@ -156,7 +157,7 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
     return LoadedModel(model=model, config=cfg, path=path, options=opts)
 
 
-def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> "Transformer | NativeTransformer":
+def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> Decoder:
     """The runtime ``opts`` (resolved) names, around Hugging Face-named weights ``sd``."""
     dtype = DTYPES[opts.dtype]
     sd = {k: v if isinstance(v, NativeWeight) else v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}

@@ -55,14 +55,13 @@ class TextStream:
         return delta
 
 
-def create_app(llm: LLM, model_name: str, default_drafter: str = "none", default_k: int = 0,
-               max_waiting: int = 64, request_timeout_s: float = 600.0, max_body_bytes: int = 4 * 2**20,
+def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_waiting: int = 64, request_timeout_s: float = 600.0, max_body_bytes: int = 4 * 2**20,
                default_max_tokens: int = 256) -> FastAPI:
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
     metrics.gauges = lambda: {"specserve_requests_running": scheduler.num_running,
                               "specserve_requests_waiting": scheduler.num_waiting,
-                              "specserve_kv_rows_free": len(llm.engine.free_rows)}
+                              "specserve_kv_rows_free": llm.engine.free_capacity}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -117,7 +116,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", default
                          type_="not_found_error")
         spec = body.speculative
         drafter = (spec.drafter if spec and spec.drafter else default_drafter)
-        k = spec.num_draft if spec and spec.num_draft is not None else (0 if drafter == "none" else default_k or 4)
+        k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
         max_tokens = body.max_completion_tokens or body.max_tokens or default_max_tokens
         seed = body.seed % (2**63) if body.seed is not None else None
         try:
@@ -229,5 +228,5 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", default
 
 def spec_stats(s) -> dict:
     return {"drafter": s.drafter, "synthetic": s.synthetic, "mean_accepted_length": s.mean_accepted_length,
-            "drafted_per_position": s.drafted_per_position, "accepted_per_position": s.accepted_per_position,
-            "target_passes": s.target_passes}
+            "drafted_per_depth": s.drafted_per_depth, "accepted_per_depth": s.accepted_per_depth,
+            "mean_nodes_per_step": s.mean_nodes_per_step, "target_passes": s.target_passes}

@@ -39,6 +39,7 @@ class Metrics:
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.verify_passes = 0
+        self.nodes = 0
         self.ttft = Histogram("specserve_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
         self.tpot = Histogram("specserve_time_per_output_token_seconds", "Time per output token after the first",
                               LATENCY_BUCKETS)
@@ -64,7 +65,8 @@ class Metrics:
             self.e2e.observe(s.total_s + queue_s)
             if s.generated_tokens > 1:
                 self.tpot.observe((s.total_s - s.ttft_s) / (s.generated_tokens - 1))
-            for i, (d, a) in enumerate(zip(s.drafted_per_position, s.accepted_per_position)):
+            self.nodes += s.drafted_tokens
+            for i, (d, a) in enumerate(zip(s.drafted_per_depth, s.accepted_per_depth)):
                 while len(self.drafted) <= i:
                     self.drafted.append(0)
                     self.accepted.append(0)
@@ -82,11 +84,16 @@ class Metrics:
                       f"specserve_generation_tokens_total {self.generation_tokens}"]
             for h in (self.ttft, self.tpot, self.e2e, self.batch):
                 lines += h.render()
-            lines += ["# HELP specserve_spec_drafted_tokens_total Drafted tokens by draft position",
-                      "# TYPE specserve_spec_drafted_tokens_total counter"]
-            lines += [f'specserve_spec_drafted_tokens_total{{position="{i}"}} {d}' for i, d in enumerate(self.drafted)]
-            lines += ["# TYPE specserve_spec_accepted_tokens_total counter"]
-            lines += [f'specserve_spec_accepted_tokens_total{{position="{i}"}} {a}' for i, a in enumerate(self.accepted)]
+            lines += ["# HELP specserve_spec_drafted_steps_total Verification steps whose draft reached this depth",
+                      "# TYPE specserve_spec_drafted_steps_total counter"]
+            lines += [f'specserve_spec_drafted_steps_total{{depth="{i + 1}"}} {d}' for i, d in enumerate(self.drafted)]
+            lines += ["# HELP specserve_spec_accepted_steps_total Verification steps that accepted at least this many tokens",
+                      "# TYPE specserve_spec_accepted_steps_total counter"]
+            lines += [f'specserve_spec_accepted_steps_total{{depth="{i + 1}"}} {a}' for i, a in enumerate(self.accepted)]
+            lines += ["# HELP specserve_spec_draft_nodes_total Draft nodes verified (chains: drafted tokens)",
+                      "# TYPE specserve_spec_draft_nodes_total counter", f"specserve_spec_draft_nodes_total {self.nodes}",
+                      "# TYPE specserve_spec_verify_passes_total counter",
+                      f"specserve_spec_verify_passes_total {self.verify_passes}"]
             mal = (sum(self.accepted) + self.verify_passes) / self.verify_passes if self.verify_passes else 0.0
             lines += ["# HELP specserve_spec_mean_accepted_length Accepted tokens plus one per verification pass",
                       "# TYPE specserve_spec_mean_accepted_length gauge", f"specserve_spec_mean_accepted_length {mal}"]

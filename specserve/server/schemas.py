@@ -7,13 +7,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP = 8
+MAX_DRAFT = 32          # the engine's limit (specserve.engine.MAX_DRAFT)
 
 
 class Speculative(BaseModel):
     """Extension: per-request speculation."""
     model_config = ConfigDict(extra="forbid", strict=True)
     drafter: str = Field(default=None, min_length=1, max_length=64)
-    num_draft: int | None = Field(default=None, ge=0, le=32)
+    num_draft: int | None = Field(default=None, ge=0, le=MAX_DRAFT)   # draft length; tree drafters: node budget
 
 
 class StreamOptions(BaseModel):

@@ -7,23 +7,40 @@ namespace {
 
 // Query heads sharing one kv head processed together by attention (chosen by A/B timing).
 constexpr int64_t ATT_QG_MAX = 4;
+// Longest path a tree pass may hold (the Python side refuses larger tree passes).
+constexpr int64_t MAX_TREE_TOKENS = 256;
 
-// Dot products of q [D] with 8 consecutive rows of k (stride D): 8 lane-wise FMA chains over D,
-// then one fixed hadd tree that leaves score r in lane r.
-inline __m256 scores8(const float* q, const float* k, int64_t D) {
+// Dot products of q [D] with 8 key rows: 8 lane-wise FMA chains over D, then one fixed hadd tree
+// that leaves score r in lane r.  Score r is ((r0+r1)+(r2+r3)) + ((r4+r5)+(r6+r7)) of its own chain
+// whatever r is, so its bits depend only on q and that key row, not on where the row is stored or
+// which lane it lands in.  ``Rows`` maps r to a row pointer: consecutive rows, or gathered ones.
+template <class Rows>
+inline __m256 scores8(const float* q, const Rows& k, int64_t D) {
   __m256 a[8];
 #pragma GCC unroll 8
   for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < D; c += 8) {
     const __m256 qv = _mm256_loadu_ps(q + c);
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + r * D + c), a[r]);
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k(r) + c), a[r]);
   }
   const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
   const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
+// The keys one query attends to, in *virtual* order: cache slots 0..start-1 (the cached prefix),
+// then the slots of the query's ancestors in the pass, root first, and its own slot last.  For a
+// chain the ancestors of token t are tokens 0..t, stored at slots start..start+t, so virtual index
+// j is slot j; in a tree, virtual index start+i is the slot of the depth-i node on the query's path.
+// Every reduction below runs over virtual indices, so a node's attention is the same sequence of
+// operations as for the same path laid out as a chain.
+struct KeyPath {
+  const float* base;     // this (row, kv head)'s cache: [C, D]
+  int64_t D, start;
+  const int64_t* slot;   // absolute slots of the path (virtual start + i), or null for a chain
+  inline const float* row(int64_t j) const { return base + (slot && j >= start ? slot[j - start] : j) * D; }
+};
 inline void rms_row(const float* x, const float* w, int64_t K, float eps, float* y) {
   const float r = 1.0f / std::sqrt(dot(x, x, K) / static_cast<float>(K) + eps);
   const __m256 rv = _mm256_set1_ps(r);
@@ -63,16 +80,17 @@ void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
     }
 }
 
-// qkv: [B*T, (H + 2*Hkv) * D]; cos, sin: [positions, D]; rows: [B]; pos: [B*T];
-// q_norm, k_norm: [D] or null (Qwen3); q_out: [B*T, H, D]; kc, vc: [R, Hkv, C, D] (this layer).
-// Normalises (optionally) and rotates q and k, writes k and v into the cache at (row, pos).
-void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* pos,
-                   int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D, const float* q_norm,
-                   const float* k_norm, float eps, float* q_out, float* kc, float* vc) {
+// qkv: [B*T, (H + 2*Hkv) * D]; cos, sin: [positions, D]; rows, start: [B]; pos: [B*T] rotary
+// positions; q_norm, k_norm: [D] or null (Qwen3); q_out: [B*T, H, D]; kc, vc: [R, Hkv, C, D] (this
+// layer).  Normalises (optionally) and rotates q and k by pos, writes token (b, t)'s k and v into
+// the cache at (rows[b], slot start[b] + t).
+void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* start,
+                   const int64_t* pos, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D,
+                   const float* q_norm, const float* k_norm, float eps, float* q_out, float* kc, float* vc) {
   const int64_t W = (H + 2 * Hkv) * D;
   float tmp[1024];
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t p = pos[bt], row = rows[bt / T];
+    const int64_t p = pos[bt], row = rows[bt / T], slot = start[bt / T] + bt % T;
     const float *cs = cos + p * D, *sn = sin + p * D, *src = qkv + bt * W;
     for (int64_t h = 0; h < H; ++h) {
       const float* v = src + h * D;
@@ -82,21 +100,27 @@ void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const i
     for (int64_t h = 0; h < Hkv; ++h) {
       const float* v = src + (H + h) * D;
       if (k_norm) { rms_row(v, k_norm, D, eps, tmp); v = tmp; }
-      const int64_t at = ((row * Hkv + h) * C + p) * D;
+      const int64_t at = ((row * Hkv + h) * C + slot) * D;
       rope_row(v, cs, sn, D, kc + at);
       std::memcpy(vc + at, src + (H + Hkv + h) * D, D * sizeof(float));
     }
   }
 }
 
-// q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; rows: [B]; pos: [B*T]; out: [B*T, H, D].
-// Token (b, t) attends to cache positions 0..pos[b, t] of row rows[b].
+// q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; rows, start: [B]; pos: [B*T] rotary positions;
+// parent: [B*T] index of each token's parent among its row's T tokens (-1 for a root), or null for
+// a chain; out: [B*T, H, D].
+// Token (b, t) attends to the cached prefix (slots 0..start[b]-1 of row rows[b]) and to its
+// ancestors in the pass and itself (slots start[b] + ancestor index), taken in virtual order (see
+// KeyPath).  For a chain that is slots 0..start[b]+t.
 // Work is split by (row, kv head, group of up to QG query heads sharing that kv head), so a key or
 // value block loaded for one query is reused from L1 by the others.  Each query's result is the
-// same sequence of operations whatever group it is in: scores by scores8, softmax with a lane-wise
-// sum, then o += p_j v_j in key order (o parked in memory between key chunks: exact).
-void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* pos,
-                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
+// same sequence of operations whatever group it is in and wherever its path's keys are stored:
+// scores by scores8, softmax with a lane-wise sum (virtual key j in lane j % 8), then
+// o += p_j v_j in virtual key order (o parked in memory between key chunks: exact).
+void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* start,
+                  const int64_t* pos, const int64_t* parent, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                  int64_t C, int64_t D, float scale, float* out) {
   const int64_t G = H / Hkv, per_head = T * G;
   const int64_t QG = per_head < ATT_QG_MAX ? per_head : ATT_QG_MAX;
   const int64_t chunks = (per_head + QG - 1) / QG, tasks = B * Hkv * chunks;
@@ -106,31 +130,53 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
   {
     float* s = static_cast<float*>(std::aligned_alloc(64, QG * stride * 4));
     float* obuf = static_cast<float*>(std::aligned_alloc(64, ((QG * D * 4 + 63) / 64) * 64));
+    int64_t path[ATT_QG_MAX][MAX_TREE_TOKENS];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t chunk = task % chunks, hk = (task / chunks) % Hkv, b = task / (chunks * Hkv);
       const int64_t q0 = chunk * QG, nq = per_head - q0 < QG ? per_head - q0 : QG;
-      const int64_t base = (rows[b] * Hkv + hk) * C * D;
+      const int64_t base = (rows[b] * Hkv + hk) * C * D, s0 = start[b];
       const float *kb = kc + base, *vb = vc + base;
       const float* qv[ATT_QG_MAX];
       float* ov[ATT_QG_MAX];
+      KeyPath kp[ATT_QG_MAX], vp[ATT_QG_MAX];
       int64_t n[ATT_QG_MAX], nmax = 0;
       float inv[ATT_QG_MAX];
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = b * T + t;
         qv[i] = q + (bt * H + h) * D;
         ov[i] = out + (bt * H + h) * D;
-        n[i] = pos[bt] + 1;
+        const int64_t* slots = nullptr;
+        if (parent) {            // the path root..t, as absolute cache slots
+          int64_t depth = 0;
+          for (int64_t u = t; u >= 0; u = parent[b * T + u]) ++depth;
+          int64_t x = depth;
+          for (int64_t u = t; u >= 0; u = parent[b * T + u]) path[i][--x] = s0 + u;
+          slots = path[i];
+          n[i] = s0 + depth;
+        } else {
+          n[i] = pos[bt] + 1;
+        }
+        kp[i] = KeyPath{kb, D, s0, slots};
+        vp[i] = KeyPath{vb, D, s0, slots};
         nmax = n[i] > nmax ? n[i] : nmax;
       }
-      // 1. scores, 8 keys at a time (a group may read cache slots past n: the capacity is a
-      //    multiple of 8; those lanes are masked).  A score's bits depend only on q and k_j.
+      // 1. scores, 8 keys at a time (a chain's group may read cache slots past n: the capacity is
+      //    a multiple of 8; those lanes are masked).  A score's bits depend only on q and k_j.
       __m256 mxv[ATT_QG_MAX];
       for (int64_t i = 0; i < nq; ++i) mxv[i] = _mm256_set1_ps(-INFINITY);
       for (int64_t j = 0; j < nmax; j += 8) {
         for (int64_t i = 0; i < nq; ++i) {
           if (j >= n[i]) continue;
-          __m256 sc = _mm256_mul_ps(scores8(qv[i], kb + j * D, D), _mm256_set1_ps(scale));
+          __m256 sc;
+          if (!kp[i].slot || j + 8 <= s0) {
+            sc = scores8(qv[i], [&](int r) { return kb + (j + r) * D; }, D);
+          } else {
+            const KeyPath& k = kp[i];
+            const int64_t ni = n[i];
+            sc = scores8(qv[i], [&](int r) { return j + r < ni ? k.row(j + r) : kb; }, D);
+          }
+          sc = _mm256_mul_ps(sc, _mm256_set1_ps(scale));
           if (n[i] - j < 8) sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, tail_mask(n[i] - j));
           _mm256_storeu_ps(s + i * stride + j, sc);
           mxv[i] = _mm256_max_ps(mxv[i], sc);
@@ -162,7 +208,8 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
           for (int64_t c = 0; c < V; ++c) o[c] = _mm256_loadu_ps(oi + 8 * c);
           for (int64_t j = j0; j < j1; ++j) {
             const __m256 pj = _mm256_set1_ps(si[j]);
-            for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+            const float* vj = vp[i].row(j);
+            for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), o[c]);
           }
           for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(oi + 8 * c, o[c]);
         }

@@ -1,6 +1,6 @@
 """The Llama-family decoder on the native CPU kernels (``kernels=native``).
 
-Same contract as ``specserve.models.llama.Transformer`` (``forward``, ``new_cache``, ``config``), a
+Implements the decoder protocol (``specserve.models.decoder``) like ``llama.Transformer``, on a
 different runtime: weights stay in the blocks they were stored in (Q4_1 / Q8_0 GGUF blocks, fp32
 for float checkpoints), activations are fp32, and each layer is nine calls into the C++ kernels
 over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
@@ -15,14 +15,14 @@ import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
+from specserve.models.decoder import ForwardOutput, PartTimer, check_parents, tree_depths
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_inv_freq, rope_tables
-from specserve.models.llama import ForwardOutput
-from specserve.models.native import NativeWeight, library, linear
+from specserve.models.native import MAX_TREE_TOKENS, NativeWeight, library, linear
 
 MAX_HEAD_DIM = 256
-# Passes over more tokens than this per row are prompt prefills (a verification pass holds at most
-# MAX_DRAFT + 1 = 33).  Their projections run as one fp32 GEMM (MKL) over weights dequantized for
+# Chain passes over more tokens than this per row are prompt prefills (a verification pass holds at
+# most MAX_DRAFT + 1 = 33 tokens; a tree pass never takes this path).  Their projections run as one fp32 GEMM (MKL) over weights dequantized for
 # the pass, 3 to 4 times faster than the row-invariant kernel at that size.  MKL's result for a row
 # depends on the row count, but a prefill is one call over the whole prompt, alone, identical in
 # plain and speculative decoding, so greedy identity is unaffected.
@@ -96,6 +96,7 @@ class NativeTransformer(nn.Module):
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.set_timer(None)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -115,12 +116,36 @@ class NativeTransformer(nn.Module):
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
                        torch.float32, "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
 
+    def set_timer(self, timer: PartTimer | None) -> None:
+        """Time later passes by part: the kernel calls are rebound to timing wrappers (a hook on
+        this instance; nothing global is touched)."""
+        self._timer = timer
+        if timer is None:
+            self._linear, self._gemm, self._lib = linear, _gemm, self.lib
+            return
+        roles = {id(self.lm_head): "lm_head"}
+        for layer in self.layers:
+            roles.update({id(layer.qkv): "qkv", id(layer.o): "o", id(layer.gate_up): "gate_up",
+                          id(layer.down): "down"})
+        lib_roles = {"ss_rope_cache": "attention", "ss_attention": "attention"}
+
+        def by_role(fn):
+            def call(x, w, *args, **kwargs):
+                return timer.wrap(roles.get(id(w), "lm_head"), fn)(x, w, *args, **kwargs)
+            return call
+
+        class Lib:
+            def __getattr__(_, name):
+                return timer.wrap(lib_roles.get(name, "norms+activation"), getattr(self.lib, name))
+
+        self._linear, self._gemm, self._lib = by_role(linear), by_role(_gemm), Lib()
+
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int],
-                last_only: bool = False, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Feed ``tokens`` [B, T]; row b's tokens go to cache row ``rows[b]`` at positions
-        ``start[b] .. start[b]+T-1`` and attend to every cached position up to their own."""
-        cfg, lib = self.config, self.lib
+    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
+                parents: Tensor | None = None, last_only: bool = False,
+                features: tuple[int, ...] = ()) -> ForwardOutput:
+        """One pass (layout: ``specserve.models.decoder``)."""
+        cfg, lib = self.config, self._lib
         bsz, t = tokens.shape
         m = bsz * t
         if max(start) + t > cache.capacity or max(start) + t > self.cos.shape[0]:
@@ -130,7 +155,18 @@ class NativeTransformer(nn.Module):
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         hid, inter, cap = cfg.hidden_size, cfg.intermediate_size, cache.capacity
         tok = tokens.reshape(-1).to(torch.int64).contiguous()
-        pos = (torch.tensor(start, dtype=torch.int64)[:, None] + torch.arange(t)[None]).reshape(-1).contiguous()
+        start_t = torch.tensor(start, dtype=torch.int64)
+        if parents is None:
+            depth = torch.arange(t)[None].expand(bsz, t)
+            parent_ptr = None
+        else:
+            if t > MAX_TREE_TOKENS:
+                raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per row, got {t}")
+            parents = parents.to(torch.int64).contiguous()
+            check_parents(parents, t)
+            depth = tree_depths(parents)
+            parent_ptr = parents.data_ptr()
+        pos = (start_t[:, None] + depth).reshape(-1).contiguous()                # rotary positions
         rows_t = torch.tensor(rows, dtype=torch.int64)
         x = torch.empty(m, hid)
         hbuf = torch.empty(m, hid)
@@ -140,23 +176,23 @@ class NativeTransformer(nn.Module):
         gu = torch.empty(m, 2 * inter)
         act = torch.empty(m, inter)
         eps, scale = float(cfg.rms_norm_eps), float(d ** -0.5)
-        lin = _gemm if t > PREFILL_GEMM_MIN_TOKENS else linear
+        lin = self._gemm if t > PREFILL_GEMM_MIN_TOKENS and parents is None else self._linear
         lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
-        hidden: dict[int, Tensor] = {}
+        feats: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
-            if i in hidden_layers:
-                hidden[i] = x.view(bsz, t, hid).clone()
+            if i in features:
+                feats[i] = x.view(bsz, t, hid).clone()
             kc, vc = cache.k[i], cache.v[i]
             # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
             lin(hbuf, layer.qkv, layer.qkv_bias, out=qkv)
             lib.ss_rope_cache(qkv.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(), rows_t.data_ptr(),
-                              pos.data_ptr(), bsz, t, h, hkv, cap, d,
+                              start_t.data_ptr(), pos.data_ptr(), bsz, t, h, hkv, cap, d,
                               layer.q_norm.data_ptr() if layer.q_norm is not None else None,
                               layer.k_norm.data_ptr() if layer.k_norm is not None else None,
                               eps, q.data_ptr(), kc.data_ptr(), vc.data_ptr())
-            lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), pos.data_ptr(),
-                             bsz, t, h, hkv, cap, d, scale, att.data_ptr())
+            lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
+                             pos.data_ptr(), parent_ptr, bsz, t, h, hkv, cap, d, scale, att.data_ptr())
             lin(att, layer.o, out=x, accumulate=True)
             # 2. feed-forward: norm -> fused gate/up -> silu * up -> down (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
@@ -165,9 +201,10 @@ class NativeTransformer(nn.Module):
             lin(act, layer.down, out=x, accumulate=True)
         lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
         out = hbuf.view(bsz, t, hid)
-        if cfg.num_layers in hidden_layers:
-            hidden[cfg.num_layers] = out.clone()
+        if cfg.num_layers in features:
+            feats[cfg.num_layers] = out.clone()
         if last_only:
             out = out[:, -1:].contiguous()
-        logits = (_gemm if out.shape[1] > PREFILL_GEMM_MIN_TOKENS else linear)(out.reshape(-1, hid), self.lm_head)
-        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]), hidden=hidden)
+        head = self._gemm if out.shape[1] > PREFILL_GEMM_MIN_TOKENS and parents is None else self._linear
+        logits = head(out.reshape(-1, hid), self.lm_head)
+        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]), features=feats)

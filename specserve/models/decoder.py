@@ -1,0 +1,146 @@
+"""The decoder protocol every runtime implements, and the layout of one target pass.
+
+A pass feeds ``tokens [B, T]``: row b's T tokens go to cache row ``rows[b]`` at cache slots
+``start[b] .. start[b] + T - 1`` (token t at slot ``start[b] + t``).  Slots ``0 .. start[b] - 1``
+hold the row's cached prefix.  Within the pass the tokens of a row form a forest given by
+``parents [B, T]`` (the index of each token's parent among the row's T tokens, ``-1`` for a root,
+always smaller than the token's own index); ``parents=None`` means a chain (parent of t is t - 1).
+Then, for token t of row b:
+
+* its **depth** is the number of its ancestors in the pass (0 for a root);
+* its **rotary position** is ``start[b] + depth``;
+* it **attends** to the prefix slots and to the slots of its ancestors and itself, nothing else.
+
+So a tree of draft nodes is scored in one pass, each node seeing exactly the keys it would see if
+its root-to-node path were fed as a chain.  Worked example (start 10, pending token p with drafted
+children a, b and a's child c)::
+
+    tokens  [p,  a,  b,  c]     parents [-1, 0, 0, 1]     depth [0, 1, 1, 2]
+    slots   [10, 11, 12, 13]    rotary positions [10, 11, 11, 12]
+    c attends to slots 0..9, 10 (p), 11 (a), 13 (c); b to 0..9, 10, 12.
+
+The model knows nothing of speculation: which slots hold valid entries afterwards, and moving an
+accepted path's entries together (``KVCache.compact``), is the engine's business.
+
+``features`` asks for hidden states: layer i < L means the input of decoder layer i (the output of
+layer i - 1; 0 is the embedding), ``L = num_layers`` the final normed output.  They come back for
+every fed position as ``ForwardOutput.features[layer]`` ``[B, T, hidden]``; asking for none costs
+nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from specserve.models.config import ModelConfig
+from specserve.models.kv_cache import KVCache
+
+# The parts a pass is timed by (``PartTimer``): projections, attention, LM head, the rest.
+PARTS = ("qkv", "o", "gate_up", "down", "attention", "lm_head", "norms+activation")
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor                                             # [B, T, V] (or [B, 1, V] with last_only)
+    features: dict[int, Tensor] = field(default_factory=dict)  # layer -> [B, T, hidden]
+
+
+class PartTimer:
+    """Accumulates seconds per part of a pass; a runtime given one times its own calls with it."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def wrap(self, part: str, fn: Callable) -> Callable:
+        """``fn`` timed into ``part``."""
+        def timed(*args, **kwargs):
+            s = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - s
+        return timed
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """What the engine, the drafters and the benchmark may rely on, whatever the runtime."""
+
+    config: ModelConfig
+    kernel: str           # native | fbgemm | torch
+    attention: str        # native | invariant | sdpa
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
+        """A cache of ``rows`` slots holding up to ``max_len`` positions each (+ ``slack``)."""
+
+    def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
+                parents: Tensor | None = None, last_only: bool = False,
+                features: tuple[int, ...] = ()) -> ForwardOutput:
+        """One pass, laid out as the module docstring says."""
+
+    def __call__(self, *args, **kwargs) -> ForwardOutput: ...
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decoding pass reads, as this runtime stores them."""
+
+    def set_timer(self, timer: PartTimer | None) -> None:
+        """Time every part of later passes into ``timer`` (None: stop timing)."""
+
+
+def tree_depths(parents: Tensor) -> Tensor:
+    """Depth of every token: parents [B, T] (-1 for roots, parents[b, t] < t) -> [B, T] int64.
+
+    Example: parents [[-1, 0, 0, 1]] -> [[0, 1, 1, 2]].
+    """
+    depth = torch.zeros(parents.shape, dtype=torch.int64, device=parents.device)
+    has_parent = parents >= 0
+    for t in range(1, parents.shape[1]):
+        p = parents[:, t].clamp(min=0)
+        depth[:, t] = torch.where(has_parent[:, t], depth.gather(1, p[:, None]).squeeze(1) + 1, 0)
+    return depth
+
+
+def ancestor_mask(parents: Tensor) -> Tensor:
+    """anc[b, t, u] is True when token u is t itself or one of its ancestors: [B, T] -> [B, T, T].
+
+    Example: parents [[-1, 0, 0, 1]] -> row 3 (c) is [True, True, False, True].
+    """
+    bsz, t_len = parents.shape
+    eye = torch.eye(t_len, dtype=torch.bool, device=parents.device).expand(bsz, t_len, t_len)
+    anc = eye.clone()
+    rows = torch.arange(bsz, device=parents.device)
+    for t in range(1, t_len):
+        p = parents[:, t]
+        inherit = anc[rows, p.clamp(min=0)] & (p >= 0)[:, None]               # [B, T]
+        anc[:, t] |= inherit
+    return anc
+
+
+def check_parents(parents: Tensor, t_len: int) -> None:
+    """Refuse a forest that is not topologically ordered (a parent index must be < the child's)."""
+    idx = torch.arange(t_len, device=parents.device)
+    if parents.shape[-1] != t_len or bool(((parents >= idx) | (parents < -1)).any()):
+        raise ValueError("parents must satisfy -1 <= parents[b, t] < t")
+
+
+@contextmanager
+def timed(model: Decoder, timer: PartTimer) -> Iterator[PartTimer]:
+    """``with timed(model, timer):`` every pass inside is timed by part."""
+    model.set_timer(timer)
+    try:
+        yield timer
+    finally:
+        model.set_timer(None)
