@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency-prompts", type=int, default=None, help="prompts per level above 1 (default all)")
     b.add_argument("--peers", default="", help="comma-separated: transformers, llama.cpp")
     b.add_argument("--assistant", default=None, help="draft model for the transformers assistant peer")
+    b.add_argument("--peer-k", type=int, default=4, help="draft length of the peers' prompt lookup")
     b.add_argument("--cost-tokens", default="1,2,4,8,16", help="tokens per row for the cost curve ('' to skip)")
     b.add_argument("--cost-batches", default="1,4,16", help="batch sizes for the cost curve")
     b.add_argument("--no-plots", action="store_true")
@@ -133,6 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       concurrency=_ints(args.concurrency, "--concurrency"),
                       concurrency_prompts=args.concurrency_prompts,
                       peers=[p.strip() for p in args.peers.split(",") if p.strip()], assistant=args.assistant,
+                      peer_k=args.peer_k,
                       cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
                       cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots)
     if args.endpoint:
@@ -185,10 +187,6 @@ def _drafter_specs(args: argparse.Namespace) -> list:
         if args.num_draft < 0:
             raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
         specs[0] = DrafterSpec(specs[0].name, specs[0].options, args.num_draft, specs[0].text)
-    for spec in specs:
-        if spec.name == "draft-model":
-            from specserve.models.loader import resolve_model_path
-            resolve_model_path(str(spec.options["model"]))
     return specs
 
 

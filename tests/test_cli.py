@@ -40,6 +40,20 @@ def test_prompt_longer_than_context():
 
 
 @pytest.mark.slow
+def test_generate_json_tree_drafter():
+    r = subprocess.run(CLI + ["generate", "--prompt", "Repeat: one two three, one two three, one two three.",
+                              "--max-tokens", "24", "--drafter", "ngram-tree:max_depth=4", "--num-draft", "8",
+                              "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["drafter"] == "ngram-tree:max_depth=4" and doc["num_draft"] == 8
+    s = doc["stats"]
+    assert len(s["nodes_per_step"]) == s["verify_passes"] and max(s["nodes_per_step"]) <= 8
+    assert len(s["drafted_per_depth"]) <= 4
+    assert all(a <= d for a, d in zip(s["accepted_per_depth"], s["drafted_per_depth"]))
+
+
+@pytest.mark.slow
 def test_generate_json():
     r = subprocess.run(CLI + ["generate", "--prompt", "Say hello.", "--max-tokens", "12", "--drafter", "ngram",
                               "--num-draft", "3", "--json"], capture_output=True, text=True, timeout=300)

@@ -124,3 +124,109 @@ def test_seeded_sampling_is_deterministic(models):
     a = run_engine(target, DraftModelDrafter(target, model=close), "d", PARAMS["t1.0"], 50, k=2)
     b = run_engine(target, DraftModelDrafter(target, model=close), "d", PARAMS["t1.0"], 50, k=2)
     assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------- trees
+from specserve.drafters.base import DraftProposal, Drafter  # noqa: E402
+from specserve.drafters.ngram_tree import NgramTreeDrafter  # noqa: E402
+from specserve.sampling import race  # noqa: E402
+from specserve.verify import tree_rejection_verify_row  # noqa: E402
+
+
+def draw_siblings(q: torch.Tensor, width: int, replacement: bool, g: torch.Generator,
+                  claim_replacement: bool | None = None) -> tuple[list[int], list[torch.Tensor]]:
+    """``width`` sibling tokens drawn from q, and the q each was drawn from (renormalised over the
+    tokens not yet drawn when drawing without replacement).  ``claim_replacement`` reports the
+    q of the other scheme: a wrong tree sampler, for the power tests."""
+    claim = replacement if claim_replacement is None else claim_replacement
+    tokens, qs, left = [], [], q.clone()
+    for _ in range(width):
+        dist = q if replacement else left / left.sum()
+        tokens.append(int(race(dist, exponential_noise(tuple(dist.shape), g))))
+        qs.append(q if claim else left / left.sum())
+        left[tokens[-1]] = 0
+    return tokens, qs
+
+
+def first_token_counts_tree(q, p, n, seed, width, replacement, claim=None):
+    """Emit n first tokens from a tree of ``width`` siblings under the pending token."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V, dtype=torch.long)
+    pp = p.expand(width + 1, V)
+    for _ in range(n):
+        if q is None:                                    # deterministic distinct siblings, one-hot q
+            tokens, probs = [4, 5, 0][:width], None
+        else:
+            tokens, qs = draw_siblings(q, width, replacement, g, claim)
+            probs = torch.stack(qs)
+        _, out = tree_rejection_verify_row(tokens, [-1] * width, probs, pp, torch.rand(width, generator=g),
+                                           exponential_noise((V,), g))
+        counts[out[0]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("case", ["one-hot siblings", "far with replacement", "far without replacement",
+                                  "close without replacement"])
+def test_tree_verify_output_follows_target(case):
+    """20,000 trials of 3 siblings per case: the first emitted token follows p."""
+    q = None if case.startswith("one-hot") else QS[case.split()[0]]
+    counts = first_token_counts_tree(q, P, 20000, seed=len(case), width=3, replacement="without" not in case)
+    assert chi_square_pvalue(counts, P) > 1e-3
+
+
+def test_tree_verify_detects_a_wrong_sibling_law():
+    """Siblings drawn without replacement but verified as if drawn with replacement (q not
+    renormalised): the output is no longer p, and the chi-square test must say so."""
+    counts = first_token_counts_tree(QS["far"], P, 20000, seed=5, width=3, replacement=False, claim=True)
+    assert chi_square_pvalue(counts, P) < 1e-6
+
+
+class SampledTreeDrafter(Drafter):
+    """Test drafter: a depth-2 tree, ``width`` children per node drawn from a draft model's q (with
+    or without replacement), the draft model run on each path from scratch (tiny, no cache)."""
+
+    tree = True
+
+    def __init__(self, draft, width: int, replacement: bool):
+        self.draft, self.width, self.replacement = draft, width, replacement
+        self.gen: dict[int, torch.Generator] = {}
+
+    def begin(self, seq_id, prompt, sampling, max_new_tokens):
+        self.gen[seq_id] = torch.Generator().manual_seed(1000 + sampling.seed)
+
+    def _q(self, tokens, sampling):
+        m = self.draft.model
+        logits = m(torch.tensor([tokens]), m.new_cache(1, len(tokens) + 1), [0], [0]).logits[0, -1]
+        return processed_probs(logits, sampling)
+
+    def propose(self, requests):
+        out = []
+        for r in requests:
+            g, toks, pars, qs = self.gen[r.seq_id], [], [], []
+            frontier = [(-1, [])]
+            for _depth in range(min(2, r.max_depth)):
+                nxt = []
+                for parent, path in frontier:
+                    kids, kq = draw_siblings(self._q(r.tokens + path, r.sampling), self.width, self.replacement, g)
+                    for t, q in zip(kids, kq):
+                        pars.append(parent)
+                        toks.append(t)
+                        qs.append(q)
+                        nxt.append((len(toks) - 1, path + [t]))
+                frontier = nxt
+            out.append(DraftProposal(toks, torch.stack(qs) if qs else None, pars).truncated(r.k, r.max_depth))
+        return out
+
+
+@pytest.mark.parametrize("dname,pname", [("far/with", "topk3"), ("close/without", "t1.0"), ("ngram-tree", "t0.7")])
+def test_engine_tree_sampling_matches_target(models, dname, pname):
+    """3,000 generations of 3 tokens per case with trees (2 siblings per node, depth 2, budget 6),
+    against the enumerated 512-outcome law."""
+    target, close, far = models
+    if dname == "ngram-tree":
+        drafter = NgramTreeDrafter(min_n=1, max_n=2, max_matches=4, max_depth=2)
+    else:
+        which, scheme = dname.split("/")
+        drafter = SampledTreeDrafter(close if which == "close" else far, 2, scheme == "with")
+    counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=6)
+    assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from specserve.drafters import create
+from specserve.drafters import DraftProposal, Drafter, create
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
@@ -25,6 +25,7 @@ def drafters_for(target):
         "self": create("draft-model", target, model=target),
         "random": create("draft-model", target, model=tiny_model(seed=5, vocab=64, layers=1)),
         "oracle": create("oracle", target, alpha=0.5),
+        "tree": create("ngram-tree", target, max_n=3, max_matches=8),
     }
 
 
@@ -35,7 +36,7 @@ def plain(target):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-@pytest.mark.parametrize("name", ["ngram", "self", "random", "oracle"])
+@pytest.mark.parametrize("name", ["ngram", "self", "random", "oracle", "tree"])
 def test_greedy_identity_alone_and_batched(target, plain, name, k):
     drafters = drafters_for(target)
     alone = Engine(target, {name: drafters[name]}, max_batch=1, max_len=128)
@@ -56,6 +57,10 @@ def test_mixed_drafters_and_lengths_in_one_batch(target, plain):
     eng = Engine(target, drafters_for(target), max_batch=5, max_len=128)
     reqs = [Request(p, 40, drafter=d, num_draft=k) for p, (d, k) in
             zip(PROMPTS, [("none", 0), ("ngram", 3), ("self", 5), ("random", 2), ("oracle", 8)])]
+    assert [o.tokens for o in eng.generate(reqs)] == plain
+    # trees and chains in one pass
+    reqs = [Request(p, 40, drafter=d, num_draft=k) for p, (d, k) in
+            zip(PROMPTS, [("tree", 12), ("ngram", 3), ("tree", 1), ("oracle", 8), ("tree", 32)])]
     assert [o.tokens for o in eng.generate(reqs)] == plain
 
 
@@ -136,3 +141,73 @@ def test_abort_frees_the_slot(target):
     eng.abort(sid)
     assert eng.free_capacity == 1 and eng.num_running == 0
     assert eng.progress(sid) is None and eng.take_result(sid) is None        # an aborted sequence leaves nothing
+
+
+def test_tree_drafter_accepts_more_than_its_first_branch(target, plain):
+    """On a repetitive prompt the tree's extra branches get accepted: some step accepts a path that
+    does not start with the tree's first node (node 0)."""
+    eng = Engine(target, {"tree": create("ngram-tree", target, max_matches=8)}, max_batch=1, max_len=128)
+    seen = []
+    drafter = eng.drafters["tree"]
+    original = drafter.feedback
+    drafter.feedback = lambda fb: (seen.append(fb.accepted), original(fb))
+    out = eng.generate([Request(PROMPTS[2], 40, drafter="tree", num_draft=16)])[0]
+    assert out.tokens == plain[2]
+    assert any(path and path[0] != 0 for path in seen)
+    assert out.stats.mean_nodes_per_step > 1 and len(out.stats.nodes_per_step) == out.stats.verify_passes
+
+
+@pytest.mark.parametrize("name,k", [("self", 4), ("tree", 8), ("ngram", 4)])
+def test_seeded_sampling_is_the_same_alone_and_batched(target, name, k):
+    """Each sampled row draws from its own generator in amounts fixed by its own proposal, and the
+    runtime is batch-invariant: a seeded request samples the same tokens alone and in a batch."""
+    params = [SamplingParams(0.9, seed=s) for s in range(4)]
+    alone = Engine(target, {name: drafters_for(target)[name]}, max_batch=1, max_len=128)
+    solo = [alone.generate([Request(p, 24, sampling=sp, drafter=name, num_draft=k)])[0].tokens
+            for p, sp in zip(PROMPTS, params)]
+    batched = Engine(target, {name: drafters_for(target)[name]}, max_batch=4, max_len=128)
+    outs = batched.generate([Request(p, 24, sampling=sp, drafter=name, num_draft=k) for p, sp in zip(PROMPTS, params)])
+    assert [o.tokens for o in outs] == solo
+
+
+class FeatureProbe(Drafter):
+    """Declares target layers and records every feature it is handed."""
+
+    def __init__(self, layers):
+        self.feature_layers = layers
+        self.got: dict[int, list] = {}
+
+    def propose(self, requests):
+        return [DraftProposal([1, 2, 3], parents=[-1, -1, 0]) for _ in requests]
+
+    def feedback(self, fb):
+        self.got.setdefault(fb.seq_id, []).append(fb)
+
+
+def test_drafters_get_features_of_committed_positions(target, plain):
+    """Features arrive for the prompt after the prefill, then for the pending token and the
+    accepted nodes of every step: together exactly the features of a chain pass over the final
+    sequence (bit for bit on these runtimes), one row per committed position."""
+    last = target.config.num_layers
+    probe = FeatureProbe((1, last))
+    eng = Engine(target, {"probe": probe}, max_batch=1, max_len=128)
+    out = eng.generate([Request(PROMPTS[0], 20, drafter="probe", num_draft=3)])[0]
+    fbs = next(iter(probe.got.values()))
+    seq = PROMPTS[0] + out.tokens
+    m = target.model
+    ref = m(torch.tensor([seq]), m.new_cache(1, 64), [0], [0], features=(1, last)).features
+    for layer in (1, last):
+        got = torch.cat([fb.features[layer] for fb in fbs])
+        n = got.shape[0]                       # positions the cache committed (the last token is pending)
+        assert n == len(seq) - 1 or out.finish_reason == "length"
+        assert torch.equal(got, ref[layer][0, :n])
+    assert [len(fb.emitted) for fb in fbs[1:]] == [fb.num_accepted + 1 for fb in fbs[1:]]
+
+
+def test_no_features_when_none_declared(target):
+    seen = []
+    drafter = create("ngram", target)
+    drafter.feedback = seen.append
+    Engine(target, {"ngram": drafter}, max_batch=1, max_len=128).generate([Request(PROMPTS[0], 10, drafter="ngram",
+                                                                                  num_draft=3)])
+    assert seen and all(fb.features == {} for fb in seen)

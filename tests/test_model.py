@@ -168,3 +168,83 @@ def test_hidden_states_on_request():
     c = lm.model.new_cache(1, 64)
     out = lm.model(torch.tensor([[1, 2, 3]]), c, [0], [0], features=(1, 2))
     assert set(out.features) == {1, 2} and out.features[2].shape == (1, 3, 32)
+
+
+# ---------------------------------------------------------------------------------------------- trees
+def _paths(parents: list[int]) -> list[list[int]]:
+    out = []
+    for t in range(len(parents)):
+        path = [t]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+def test_tree_pass_equals_chain_pass_and_decoding(kernels):
+    """Random trees of up to 33 tokens, two rows with unaligned prefixes in one pass: every node's
+    logits equal those of its root-to-node path fed as a chain, and of one-token decoding steps,
+    bit for bit on the batch-invariant runtimes (native, fbgemm) and to 1e-4 on torch + sdpa."""
+    lm = tiny_model(seed=8, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto")
+    m = lm.model
+    g = torch.Generator().manual_seed(3)
+    starts = [29, 70]
+    prompts = [torch.randint(0, 64, (1, s), generator=g) for s in starts]
+
+    def same(a, b):
+        return torch.equal(a, b) if kernels != "torch" else (a - b).abs().max().item() <= 1e-4
+
+    for n in (3, 9, 33):
+        cache = m.new_cache(4, 160)
+        for r, p in enumerate(prompts):
+            m(p, cache, [r], [0])
+            m(p, cache, [r + 2], [0])
+        parents = torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+                                for _ in starts])
+        tokens = torch.randint(0, 64, (2, n), generator=g)
+        tree = m(tokens, cache, [0, 1], starts, parents=parents).logits               # [2, n, V]
+        for b, start in enumerate(starts):
+            for path in _paths(parents[b].tolist())[-4:]:                               # deepest nodes last
+                chain = m(tokens[b, path][None], cache, [b + 2], [start]).logits[0]
+                assert same(tree[b, path], chain)
+            steps = [m(tokens[b, [t]][None], cache, [b + 2], [start + i]).logits[0, 0] for i, t in enumerate(path)]
+            assert same(tree[b, path], torch.stack(steps))
+
+
+def test_compacting_an_accepted_path_gives_the_chain_cache():
+    """After a tree pass, moving one path's entries together (KVCache.compact) leaves exactly the
+    cache a chain pass over that path writes, so the next token's logits are the same bits."""
+    lm = tiny_model(seed=9, vocab=64)
+    m = lm.model
+    prompt = torch.randint(0, 64, (1, 21), generator=torch.Generator().manual_seed(4))
+    tokens = torch.tensor([[5, 9, 3, 7, 1, 2]])
+    parents = torch.tensor([[-1, 0, 0, 2, 3, 1]])          # accepted path: 0 -> 2 -> 3 -> 4
+    cache = m.new_cache(2, 64)
+    for r in range(2):
+        m(prompt, cache, [r], [0])
+    m(tokens, cache, [0], [21], parents=parents)
+    cache.compact(0, 21, [0, 2, 3, 4])
+    m(tokens[:, [0, 2, 3, 4]], cache, [1], [21])
+    for k, v in zip(cache.k, cache.v):
+        assert torch.equal(k[0, :, :25], k[1, :, :25]) and torch.equal(v[0, :, :25], v[1, :, :25])
+    nxt = torch.tensor([[11]])
+    assert torch.equal(m(nxt, cache, [0], [25]).logits, m(nxt, cache, [1], [25]).logits)
+
+
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+def test_features_for_every_fed_position(kernels):
+    """Features of a tree pass are the chain pass's features of each node's path (native: bit for
+    bit), for the layers asked; none asked, none returned."""
+    lm = tiny_model(seed=5, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto")
+    m, last = lm.model, lm.config.num_layers
+    cache = m.new_cache(2, 64)
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    out = m(prompt, cache, [0], [0], last_only=True, features=(1, last))
+    assert set(out.features) == {1, last} and out.features[last].shape == (1, 5, 32)
+    m(prompt, cache, [1], [0])
+    tree = m(torch.tensor([[6, 7, 8]]), cache, [0], [5], parents=torch.tensor([[-1, 0, 0]]), features=(last,))
+    chain = m(torch.tensor([[6, 8]]), cache, [1], [5], features=(last,))
+    assert not m(torch.tensor([[6]]), cache, [1], [5]).features
+    diff = (tree.features[last][0, [0, 2]] - chain.features[last][0]).abs().max().item()
+    assert diff == 0.0 if kernels == "native" else diff <= 1e-5

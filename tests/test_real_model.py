@@ -1,6 +1,6 @@
 """The invariants again on the real default model (SmolLM2-135M-Instruct, GGUF Q4_1).
 
-Greedy identity: every drafter, at k = 1, 4 and 8, alone (batch of one) and batched, must return
+Greedy identity: every drafter (chains, and n-gram trees with k the node budget), at k = 1, 4 and 8, alone (batch of one) and batched, must return
 exactly the token ids of plain greedy decoding, 64 tokens on 10 Spec-Bench prompts (one per
 MT-Bench category, one translation, one math_reasoning).  To keep CI under its time budget, k = 4
 runs on all 10 prompts and k = 1 and 8 on the first ``SPECSERVE_K_PROMPTS`` (default 3); set
@@ -51,6 +51,7 @@ def drafters(llm, plain, prompts):
         if len(ref) == N_TOKENS:
             oracle.known[tuple(p)] = list(ref)
     return {"ngram": lambda: create("ngram", target),
+            "ngram-tree": lambda: create("ngram-tree", target, min_score=0.0),
             "self-draft": lambda: create("draft-model", target, model=target),
             "random-draft": lambda: create("draft-model", target, model=random_draft),
             "oracle": lambda: oracle}
@@ -82,7 +83,7 @@ def test_logits_match_transformers_float32(kernels):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-@pytest.mark.parametrize("name", ["ngram", "self-draft", "random-draft", "oracle"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle"])
 def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     n = len(prompts) if k == 4 else K_PROMPTS
     target = llm.target
@@ -97,13 +98,36 @@ def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     assert [o.tokens for o in outs] == plain[:n]
 
 
+def test_tree_budget_16_greedy_identity_and_branches_used(llm, prompts, plain, drafters):
+    """Trees of up to 16 nodes on the real model: identical output, alone and batched, and some
+    steps accept a path that leaves the tree's first branch."""
+    name = "ngram-tree"
+    alone = Engine(llm.target, {name: drafters[name]()}, max_batch=1, max_len=1024)
+    off_first = 0
+    for p, ref in zip(prompts, plain):
+        d = alone.drafters[name]
+        seen = []
+        feedback = d.feedback
+        d.feedback = lambda fb: (seen.append(fb.accepted), feedback(fb))
+        assert alone.generate([Request(p, N_TOKENS, drafter=name, num_draft=16)])[0].tokens == ref
+        off_first += sum(1 for path in seen if path and path[0] != 0)
+        d.feedback = feedback
+    assert off_first > 0
+    batched = Engine(llm.target, {name: drafters[name]()}, max_batch=len(prompts), max_len=1024)
+    outs = batched.generate([Request(p, N_TOKENS, drafter=name, num_draft=16) for p in prompts])
+    assert [o.tokens for o in outs] == plain
+
+
 def test_greedy_identity_fbgemm_runtime(prompts):
     """The other batch-invariant runtime (FBGEMM fp16 weights + invariant attention): ngram, k = 4."""
     fb = LLM("default", RuntimeOptions(kernels="fbgemm"), max_batch=3, max_len=1024)
     few = prompts[:3]
     ref = [fb.engine.generate([Request(p, N_TOKENS)])[0].tokens for p in few]
-    eng = Engine(fb.target, {"ngram": create("ngram", fb.target)}, max_batch=3, max_len=1024)
+    eng = Engine(fb.target, {"ngram": create("ngram", fb.target),
+                             "tree": create("ngram-tree", fb.target, min_score=0.0)}, max_batch=3, max_len=1024)
     outs = eng.generate([Request(p, N_TOKENS, drafter="ngram", num_draft=4) for p in few])
+    assert [o.tokens for o in outs] == ref
+    outs = eng.generate([Request(p, N_TOKENS, drafter="tree", num_draft=12) for p in few])
     assert [o.tokens for o in outs] == ref
 
 

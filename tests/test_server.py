@@ -103,6 +103,42 @@ def test_speculation_extension_and_stats(server):
     assert plain["speculative_stats"]["mean_accepted_length"] == 1.0
 
 
+def test_tree_drafter_and_default_draft_lengths(server, llm):
+    """A preloaded tree drafter can be named per request; a request that names a drafter without
+    num_draft gets that drafter's own default, and an explicit 0 stays 0."""
+    body = {"model": "default", "prompt": "a b c a b c a b c a b", "max_tokens": 16, "temperature": 0}
+    plain = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "none"}},
+                       timeout=120).json()["choices"][0]["text"]
+    tree = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "ngram-tree"}},
+                      timeout=120).json()
+    assert tree["choices"][0]["text"] == plain
+    stats = tree["speculative_stats"]
+    assert stats["drafter"] == "ngram-tree" and 0 < stats["mean_nodes_per_step"] <= llm.default_k["ngram-tree"]
+    zero = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "ngram", "num_draft": 0}},
+                      timeout=120).json()
+    assert zero["speculative_stats"]["drafted_per_depth"] == [] and zero["choices"][0]["text"] == plain
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'specserve_spec_accepted_steps_total{depth="1"}' in metrics and "specserve_spec_draft_nodes_total" in metrics
+
+
+def test_server_default_draft_length_is_its_own(llm):
+    """A server whose default drafter was configured with k = 0 serves k = 0 for it, and each other
+    drafter's own default for requests that name that drafter."""
+    from specserve.drafters import DrafterSpec
+    other = LLM(loaded=llm.target, drafters=[DrafterSpec("ngram", num_draft=0)], max_batch=1, max_len=1024,
+                preload=True)
+    s = Server(other, default_drafter="ngram")
+    try:
+        body = {"model": "default", "prompt": "a b c a b c a b c a b", "max_tokens": 12, "temperature": 0}
+        r = httpx.post(s.url + "/v1/completions", json=body, timeout=120).json()
+        assert r["speculative_stats"]["drafted_per_depth"] == []
+        r = httpx.post(s.url + "/v1/completions", json=body | {"speculative": {"drafter": "ngram-tree"}},
+                       timeout=120).json()
+        assert r["speculative_stats"]["drafted_per_depth"] != []
+    finally:
+        s.close()
+
+
 def test_stop_strings(server):
     r = httpx.post(server.url + "/v1/completions", json={"model": "default", "prompt": "1, 2, 3, 4,", "max_tokens": 30,
                                                          "temperature": 0, "stop": [" 7"]}, timeout=120).json()

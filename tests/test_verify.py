@@ -114,3 +114,86 @@ def test_rejection_is_deterministic_given_draws():
     a = rejection_verify(draft, torch.tensor([3, 2]), q, p, u, e)
     b = rejection_verify(draft, torch.tensor([3, 2]), q, p, u.clone(), e.clone())
     assert torch.equal(a.tokens, b.tokens)
+
+
+# ---------------------------------------------------------------------------------------------- trees
+from specserve.verify import greedy_tree_verify, reference_tree_verify, tree_rejection_verify_row  # noqa: E402
+
+
+def random_tree(g: torch.Generator, n: int) -> list[int]:
+    """Parents of a random n-node tree in topological order (-1: child of the pending token)."""
+    return [int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]
+
+
+@pytest.mark.parametrize("tokens,parents,argmax,expect,path", [
+    # pending's children a=1, b=2; a's child 3; b's child 4.  argmax rows: pending, then each node
+    ([1, 2, 3, 4], [-1, -1, 0, 1], [2, 0, 4, 0, 5], [2, 4, 5], [1, 3]),      # second branch, two deep
+    ([1, 2, 3, 4], [-1, -1, 0, 1], [1, 3, 0, 5, 0], [1, 3, 5], [0, 2]),      # first branch, bonus from node 2
+    ([1, 2, 3, 4], [-1, -1, 0, 1], [5, 3, 4, 0, 0], [5], []),               # no child matches: recovered only
+    ([], [], [3], [3], []),                                                  # empty tree: plain step
+    ([1, 1, 2], [-1, -1, 1], [1, 0, 2, 4], [1, 2, 4], [1, 2]),               # duplicate siblings: the longer path
+    ([1, 2, 3], [-1, 0, 1], [1, 2, 3, 0], [1, 2, 3, 0], [0, 1, 2]),          # a chain: all accepted
+])
+def test_greedy_tree_hand_built(tokens, parents, argmax, expect, path):
+    n = max(len(tokens), 1)
+    logits = onehot_logits(argmax + [0] * (n + 1 - len(argmax)))[None]
+    t = torch.tensor([tokens + [0] * (n - len(tokens))])
+    par = torch.tensor([parents + [-1] * (n - len(parents))])
+    res = greedy_tree_verify(t, par, torch.tensor([len(tokens)]), logits)
+    assert res.row(0) == expect and res.accepted_nodes(0) == path
+    assert reference_tree_verify(tokens, parents, logits[0, : len(tokens) + 1]) == expect
+
+
+def test_fast_greedy_tree_matches_reference_and_chain():
+    """300 random batches of random trees: the batched path equals the enumerating reference; on
+    chains it equals greedy_verify."""
+    g = torch.Generator().manual_seed(11)
+    for trial in range(300):
+        bsz, n = 3, int(torch.randint(0, 9, (1,), generator=g))
+        logits = torch.randn(bsz, n + 1, V, generator=g)
+        chain = trial % 3 == 0
+        parents = torch.tensor([list(range(-1, n - 1)) if chain else random_tree(g, n) for _ in range(bsz)],
+                               dtype=torch.long).view(bsz, n)
+        num = torch.randint(0, n + 1, (bsz,), generator=g)
+        # most nodes copy the argmax at their parent so that deep paths occur
+        at_parent = logits.argmax(-1).gather(1, (parents + 1).clamp(min=0))
+        tokens = torch.where(torch.rand(bsz, n, generator=g) < 0.6, at_parent, torch.randint(0, V, (bsz, n), generator=g))
+        fast = greedy_tree_verify(tokens, parents, num, logits)
+        for b in range(bsz):
+            k = int(num[b])
+            assert fast.row(b) == reference_tree_verify(tokens[b, :k].tolist(), parents[b, :k].tolist(),
+                                                        logits[b, : k + 1])
+        if chain:
+            assert torch.equal(fast.tokens, greedy_verify(tokens, num, logits).tokens)
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_tree_rejection_on_chains_equals_chain_rejection(with_q):
+    """200 random chains: the tree sampler computes exactly what rejection_verify does, bit for bit."""
+    g = torch.Generator().manual_seed(99)
+    for _ in range(200):
+        k = int(torch.randint(0, 6, (1,), generator=g))
+        p = torch.softmax(torch.randn(1, k + 1, V, generator=g) * 2, -1)
+        q = torch.softmax(torch.randn(1, k, V, generator=g) * 2, -1) if with_q else None
+        draft = (torch.multinomial(q[0], 1, generator=g).view(1, k) if with_q and k
+                 else torch.randint(0, V, (1, k), generator=g))
+        uniform, noise = torch.rand(1, k, generator=g), -torch.log(torch.rand(1, V, generator=g))
+        chain = rejection_verify(draft, torch.tensor([k]), q, p, uniform, noise).row(0)
+        path, tokens = tree_rejection_verify_row(draft[0].tolist(), list(range(-1, k - 1)),
+                                                 q[0] if with_q else None, p[0], uniform[0], noise)
+        assert tokens == chain and path == list(range(len(chain) - 1))
+
+
+def test_tree_rejection_hand_built():
+    """p nearly one-hot: a wrong first sibling is rejected, the right second sibling accepted, then
+    its child is rejected and the recovered token is p's mode there, whatever the draws."""
+    eps = 1e-9
+    p = torch.full((4, V), eps)
+    p[0, 2] = p[1, 0] = p[2, 5] = p[3, 0] = 1.0           # at pending: 2; at node 1 (token 2): 5
+    p = p / p.sum(-1, keepdim=True)
+    tokens, parents = [1, 2, 4], [-1, -1, 1]                # siblings 1, 2 under pending; 4 under node 1
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(3, generator=g) * 0.999 + 1e-4
+        path, out = tree_rejection_verify_row(tokens, parents, None, p, u, -torch.log(torch.rand(V, generator=g)))
+        assert path == [1] and out == [2, 5]

@@ -1,1 +1,1 @@
-"""Benchmark: datasets and (with its issue) the runner, metrics, peers and reports."""
+"""Benchmark: datasets and workloads, the runner, metrics, costs, peers, replay, profile and reports."""

@@ -51,6 +51,7 @@ class BenchConfig:
     concurrency_prompts: int | None = None      # prompts per level > 1 (default: all)
     peers: list[str] = field(default_factory=list)   # transformers, llama.cpp
     assistant: str | None = None                # draft model for the transformers assistant peer
+    peer_k: int = 4                             # draft length of the peers' prompt lookup
     cost_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     cost_batches: list[int] = field(default_factory=lambda: [1, 4, 16])
     plots: bool = True
@@ -183,7 +184,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
 def run_peers(cfg: BenchConfig, model_path: str, ids: list[list[int]], base: list[dict], tokenizer) -> list[dict]:
     from specserve.bench import peers as peer_mod
 
-    k = next((Method.parse(m).k for m in cfg.methods if Method.parse(m).drafter == "ngram"), 4)
+    k = cfg.peer_k
     out = []
     for name in cfg.peers:
         if name == "transformers":

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from torch import Tensor
 
@@ -44,6 +44,7 @@ class Option:
     type: type                 # int, float or str
     default: Any = REQUIRED
     help: str = ""
+    check: Callable[[Any], Any] | None = None   # raises SpecserveError for a bad value (run before loading)
 
     @property
     def required(self) -> bool:

@@ -16,7 +16,7 @@ from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 from specserve.models.layers import QUERY_BLOCK
-from specserve.models.loader import LoadedModel, load_model
+from specserve.models.loader import LoadedModel, load_model, resolve_model_path
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
 
 
@@ -38,12 +38,10 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 @register("draft-model")
 class DraftModelDrafter(Drafter):
     default_num_draft = 4
-    options = (Option("model", str, help="the draft model: a GGUF file or a Hugging Face directory"),)
+    options = (Option("model", str, help="the draft model: a GGUF file or a Hugging Face directory",
+                      check=resolve_model_path),)
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel):
-        if isinstance(model, str):
-            from specserve.models.loader import resolve_model_path
-            resolve_model_path(model)
         self.draft = model if isinstance(model, LoadedModel) else load_model(model, target.options)
         check_same_vocabulary(target, self.draft)
         self.cache = None

@@ -3,21 +3,26 @@
 Chain n-gram lookup (``ngram``) proposes what followed the single most recent occurrence of the
 sequence's longest matching suffix.  Here every earlier position whose preceding tokens match the
 sequence's last ``min_n``..``max_n`` tokens is a *match*; the ``max_matches`` best of them (longest
-match first, then most recent) each contribute the tokens that followed them as a continuation.
-The continuations are merged into a trie, and each trie node is scored by the weighted share of
-continuations that pass through it, a match of length m weighing ``length_weight ** m`` and the
-j-th most recent match of that length ``recency ** j``: an estimate of the probability that the
-node's whole path is right.  The ``k`` best nodes are kept best-first (a node's score never exceeds
-its parent's, so the kept nodes always form a tree), skipping nodes scored below ``min_score``.
+match first, then most recent) each contribute the tokens that followed them, and these
+continuations are merged into a trie.  Each trie node gets an estimate of the probability that its
+whole path is right: its parent's estimate, times its share of the continuations leaving the parent
+(a match of length m weighing ``length_weight ** m``, the j-th most recent of a length
+``recency ** j``), times the reliability of a copy whose match now spans m + (depth - 1) tokens,
+``1 - (1 - base) * growth ** (m + depth - 2)``.  The defaults of ``base`` and ``growth`` were fitted
+on greedy outputs of the default model for training prompts (not the evaluation set), where the
+estimates are calibrated to within a few points (``scripts/tune_ngram_tree.py``).  The ``k``
+most probable nodes are kept best-first (a node's estimate never exceeds its parent's, so the kept
+nodes form a tree), none below ``min_score``; the estimates are the proposal's ``confidence``.
 
-Example: tokens ``a b x . a b y . a b`` with suffix ``a b``: matches at 2 and 6 continue with
-``x . a b`` and ``y . a b``; the trie's root has children ``y`` (more recent, scored higher) and
-``x``.  The proposal is deterministic (one-hot q), so it is exact under sampling as well.
+Example: tokens ``a b x . a b y . a b``: the suffix ``a b`` matches before ``x`` (2 tokens) and
+``. a b`` before ``y`` (3 tokens), so the trie's root has children ``y`` (longer match, scored
+higher, its path ``y . a b`` kept first) and ``x`` (a sibling, kept if the budget allows).  The proposal is deterministic (one-hot q), so it is exact under sampling as well.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,9 +53,55 @@ def find_matches(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[np.ndarray
     return ends[keep], lengths[keep]
 
 
-def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 1, max_n: int = 4,
+def reliability(m: np.ndarray | int, base: float, growth: float) -> np.ndarray | float:
+    """Probability that a copied token is right when the text before it matches over m tokens:
+    ``1 - (1 - base) * growth ** (m - 1)``, rising from ``base`` at m = 1 towards 1."""
+    return 1.0 - (1.0 - base) * growth ** (np.asarray(m) - 1)
+
+
+@dataclass
+class Trie:
+    """Node 0 is the pending token; every other node a drafted token with its parent."""
+    children: list[dict[int, int]] = field(default_factory=lambda: [{}])
+    mass: list[float] = field(default_factory=lambda: [0.0])     # weight of the matches through the node
+    longest: list[int] = field(default_factory=lambda: [0])      # longest match length through the node
+    parent: list[int] = field(default_factory=lambda: [-1])
+    token: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+
+    def add(self, continuation: list[int], weight: float, match_len: int) -> None:
+        node = 0
+        for t in continuation:
+            nxt = self.children[node].get(t)
+            if nxt is None:
+                nxt = len(self.mass)
+                self.children[node][t] = nxt
+                self.children.append({})
+                self.mass.append(0.0)
+                self.longest.append(0)
+                self.parent.append(node)
+                self.token.append(t)
+                self.depth.append(self.depth[node] + 1)
+            self.mass[nxt] += weight
+            self.longest[nxt] = max(self.longest[nxt], match_len)
+            node = nxt
+
+    def scores(self, base: float, growth: float) -> list[float]:
+        """Estimated probability that each node's path is right: the parent's estimate, times the
+        node's share of the continuations leaving its parent, times the reliability of a copy whose
+        match spans the match length plus the path below the pending token."""
+        score = [1.0] + [0.0] * (len(self.mass) - 1)
+        for node in range(1, len(self.mass)):                      # parents are created first
+            p = self.parent[node]
+            share = self.mass[node] / sum(self.mass[c] for c in self.children[p].values())
+            m = self.longest[node] + self.depth[node] - 1
+            score[node] = score[p] * share * float(reliability(m, base, growth))
+        return score
+
+
+def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 1, max_n: int = 8,
                        max_matches: int = 16, length_weight: float = 4.0, recency: float = 0.7,
-                       min_score: float = 0.0) -> DraftProposal:
+                       base: float = 0.3, growth: float = 0.8, min_score: float = 0.05) -> DraftProposal:
     """A trie of at most k nodes, no deeper than max_depth (see the module docstring)."""
     if k <= 0 or max_depth <= 0:
         return DraftProposal([])
@@ -64,26 +115,12 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
         sel = lengths == m
         rank[sel] = np.arange(sel.sum())
     weight = length_weight ** lengths.astype(float) * recency ** rank
-    weight /= weight.sum()
-    # trie: node -> children {token: node}; node 0 is the pending token
-    children: list[dict[int, int]] = [{}]
-    score, parent, tok, depth = [1.0], [-1], [-1], [0]
-    for end, w in zip(ends, weight):
-        node = 0
-        for t in tokens[end: end + max_depth].tolist():
-            nxt = children[node].get(t)
-            if nxt is None:
-                nxt = len(score)
-                children[node][t] = nxt
-                children.append({})
-                score.append(0.0)
-                parent.append(node)
-                tok.append(t)
-                depth.append(depth[node] + 1)
-            score[nxt] += w
-            node = nxt
+    trie = Trie()
+    for end, w, m in zip(ends.tolist(), weight.tolist(), lengths.tolist()):
+        trie.add(tokens[end: end + max_depth].tolist(), w, m)
+    score = trie.scores(base, growth)
     # best-first selection: a child's score <= its parent's, so popping by score keeps a tree
-    heap = [(-score[c], c) for c in children[0].values()]
+    heap = [(-score[c], c) for c in trie.children[0].values()]
     heapq.heapify(heap)
     out_tokens, out_parents, conf = [], [], []
     index: dict[int, int] = {0: -1}
@@ -92,10 +129,10 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
         if -neg < min_score:
             break
         index[node] = len(out_tokens)
-        out_tokens.append(tok[node])
-        out_parents.append(index[parent[node]])
+        out_tokens.append(trie.token[node])
+        out_parents.append(index[trie.parent[node]])
         conf.append(score[node])
-        for c in children[node].values():
+        for c in trie.children[node].values():
             heapq.heappush(heap, (-score[c], c))
     return DraftProposal(out_tokens, None, out_parents, conf)
 
@@ -103,26 +140,31 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
 @register("ngram-tree")
 class NgramTreeDrafter(Drafter):
     tree = True
-    default_num_draft = 8
+    default_num_draft = 6
     preload = True
     options = (Option("min_n", int, 1, "shortest suffix to look up"),
-               Option("max_n", int, 4, "longest suffix to look up"),
+               Option("max_n", int, 8, "longest suffix to look up (longer matches are trusted more)"),
                Option("max_matches", int, 16, "earlier matches merged into the trie"),
                Option("max_depth", int, 8, "longest path proposed"),
                Option("length_weight", float, 4.0, "a match of length m weighs length_weight ** m"),
                Option("recency", float, 0.7, "the j-th most recent match of a length weighs recency ** j"),
-               Option("min_score", float, 0.0, "skip nodes whose estimated probability is lower"))
+               Option("base", float, 0.3, "probability that a token copied after a 1-token match is right"),
+               Option("growth", float, 0.8, "each further matched token multiplies the miss probability by this"),
+               Option("min_score", float, 0.05, "skip nodes whose estimated probability is lower"))
 
-    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 4, max_matches: int = 16, max_depth: int = 8,
-                 length_weight: float = 4.0, recency: float = 0.7, min_score: float = 0.0):
+    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 8, max_matches: int = 16, max_depth: int = 8,
+                 length_weight: float = 4.0, recency: float = 0.7, base: float = 0.3, growth: float = 0.8,
+                 min_score: float = 0.05):
         if min_n < 1 or max_n < min_n:
             raise SpecserveError(f"ngram-tree needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if max_matches < 1 or max_depth < 1:
             raise SpecserveError("ngram-tree needs max_matches >= 1 and max_depth >= 1")
         if length_weight < 1 or not 0 < recency <= 1 or not 0 <= min_score <= 1:
             raise SpecserveError("ngram-tree needs length_weight >= 1, 0 < recency <= 1 and 0 <= min_score <= 1")
+        if not 0 < base <= 1 or not 0 < growth <= 1:
+            raise SpecserveError("ngram-tree needs 0 < base <= 1 and 0 < growth <= 1")
         self.params = dict(min_n=min_n, max_n=max_n, max_matches=max_matches, length_weight=length_weight,
-                           recency=recency, min_score=min_score)
+                           recency=recency, base=base, growth=growth, min_score=min_score)
         self.max_depth = max_depth
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:

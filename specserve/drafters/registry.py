@@ -67,6 +67,8 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     for opt in cls.options:
         if opt.name in options:
             out[opt.name] = _convert(name, opt, options[opt.name])
+            if opt.check is not None and isinstance(out[opt.name], (str, int, float)):
+                opt.check(out[opt.name])
         elif opt.required:
             raise SpecserveError(f"drafter {name!r} needs option {opt.name!r} ({opt.help}); "
                                  f"write it as {name}:{opt.name}=VALUE")

@@ -1,0 +1,101 @@
+"""One conformance suite that every registered drafter passes.
+
+A new drafter must be added to ``CONFORMANCE`` (with the options a test needs), or the first test
+fails.  Then: its declared options are well-typed and buildable through the registry; its
+proposals are well-formed trees (chains for chain drafters) within the node budget and the depth
+limit; the begin / propose / feedback / end lifecycle holds over more sequences than the engine
+has rows; and under greedy decoding through the engine (which rolls back and compacts after
+every partial acceptance) its output is plain decoding's, alone and batched.
+"""
+
+import pytest
+
+from conftest import tiny_model
+from specserve.drafters import DraftProposal, DraftRequest, Feedback, available, create, drafter_class
+from specserve.drafters.base import Option
+from specserve.engine import Engine, Request
+from specserve.sampling import SamplingParams
+
+VOCAB = 64
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [10, 20, 30, 10, 20, 30, 10, 20, 31, 10, 20]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=31, vocab=VOCAB, layers=2)
+
+
+CONFORMANCE = {
+    "none": lambda t: {},
+    "ngram": lambda t: {"max_n": 3},
+    "ngram-tree": lambda t: {"max_matches": 8},
+    "draft-model": lambda t: {"model": tiny_model(seed=32, vocab=VOCAB, layers=1)},
+    "oracle": lambda t: {"alpha": 0.6},
+}
+
+
+def test_every_registered_drafter_is_covered():
+    assert set(CONFORMANCE) == set(available())
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_declared_options(name, target):
+    cls = drafter_class(name)
+    assert cls.default_num_draft >= 0 and isinstance(cls.tree, bool)
+    for opt in cls.options:
+        assert isinstance(opt, Option) and opt.type in (int, float, str) and opt.help
+        assert opt.required or isinstance(opt.default, opt.type)
+    d = create(name, target, **CONFORMANCE[name](target))
+    assert d.name == name
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_proposals_well_formed_within_budget(name, target):
+    d = create(name, target, **CONFORMANCE[name](target))
+    d.bind(4, 128)
+    greedy = SamplingParams()
+    for sid, prompt in enumerate(PROMPTS):
+        d.begin(sid, prompt, greedy, 20)
+        d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[0]]))
+    for k in (0, 1, 3, 8, 32):
+        for max_depth in (1, 2, 50):
+            reqs = [DraftRequest(sid, p + [p[0]], k, greedy, max_depth) for sid, p in enumerate(PROMPTS)]
+            props = d.propose(reqs)
+            assert len(props) == len(reqs)
+            for prop in props:
+                prop.check(VOCAB)                                  # a well-formed tree over the vocabulary
+                assert len(prop) <= k
+                assert max(prop.depths(), default=0) <= max_depth
+                assert d.tree or prop.is_chain
+    for sid in range(len(PROMPTS)):
+        d.end(sid)
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_lifecycle_and_greedy_identity_through_the_engine(name, target):
+    """Six requests through two rows (begin/end reuse the drafter's state), k = 1 and 6: each output
+    equals plain decoding, so every rollback and compaction kept drafter and cache consistent."""
+    plain_eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
+    prompts = PROMPTS * 2
+    plain = [plain_eng.generate([Request(p, 24)])[0].tokens for p in prompts]
+    for k in (1, 6):
+        d = create(name, target, **CONFORMANCE[name](target))
+        eng = Engine(target, {name: d}, max_batch=2, max_len=128)
+        outs = eng.generate([Request(p, 24, drafter=name, num_draft=k) for p in prompts])
+        assert [o.tokens for o in outs] == plain
+        assert eng.free_capacity == 2 and eng.num_running == 0
+        if name != "none":
+            assert sum(o.stats.drafted_tokens for o in outs) > 0
+
+
+def test_engine_cuts_an_overlong_proposal(target):
+    """A drafter that ignores its budget is cut to k nodes and the depth limit by the engine."""
+    d = create("ngram-tree", target)
+    original = d.propose
+
+    d.propose = lambda reqs: original([DraftRequest(r.seq_id, r.tokens, 32, r.sampling, 50) for r in reqs])
+    eng = Engine(target, {"t": d}, max_batch=1, max_len=128)
+    out = eng.generate([Request(PROMPTS[2], 10, drafter="t", num_draft=2)])[0]
+    assert max(out.stats.nodes_per_step) <= 2
+    assert len(out.stats.drafted_per_depth) <= 8                 # 10 tokens: never deeper than 8 (9 left - 1)
+    assert sum(out.stats.nodes_per_step) > 0
