@@ -9,8 +9,12 @@ Two levels:
    draft model (close and far) and with one-hot drafts must match it at temperatures 0.7 and 1.0,
    with top-k and with top-p.
 
+3. Trees: ``tree_rejection_verify_row`` with three siblings (one-hot, drawn with and without
+   replacement; 20,000 trials each), and the engine with sampled trees (two schemes, two shapes)
+   and n-gram tries, against the same enumerated law.
+
 Each test uses Pearson's chi-square with a p-value threshold of 1e-3, i.e. a false-failure rate
-of 0.1% per test for a correct sampler (about 1.5% for the whole file).  Seeds are fixed, so
+of 0.1% per test for a correct sampler (about 2.5% for the whole file's 25 such tests).  Seeds are fixed, so
 results are reproducible.  ``test_detects_a_wrong_sampler`` shows the test has power: a sampler
 that always accepts the draft is rejected.
 """
@@ -182,13 +186,13 @@ def test_tree_verify_detects_a_wrong_sibling_law():
 
 
 class SampledTreeDrafter(Drafter):
-    """Test drafter: a depth-2 tree, ``width`` children per node drawn from a draft model's q (with
-    or without replacement), the draft model run on each path from scratch (tiny, no cache)."""
+    """Test drafter: a tree of ``depth`` levels, ``width`` children per node drawn from a draft
+    model's q (with or without replacement), the draft model run on each path from scratch."""
 
     tree = True
 
-    def __init__(self, draft, width: int, replacement: bool):
-        self.draft, self.width, self.replacement = draft, width, replacement
+    def __init__(self, draft, width: int, replacement: bool, depth: int = 2):
+        self.draft, self.width, self.replacement, self.depth = draft, width, replacement, depth
         self.gen: dict[int, torch.Generator] = {}
 
     def begin(self, seq_id, prompt, sampling, max_new_tokens):
@@ -204,7 +208,7 @@ class SampledTreeDrafter(Drafter):
         for r in requests:
             g, toks, pars, qs = self.gen[r.seq_id], [], [], []
             frontier = [(-1, [])]
-            for _depth in range(min(2, r.max_depth)):
+            for _depth in range(min(self.depth, r.max_depth)):
                 nxt = []
                 for parent, path in frontier:
                     kids, kq = draw_siblings(self._q(r.tokens + path, r.sampling), self.width, self.replacement, g)
@@ -218,15 +222,16 @@ class SampledTreeDrafter(Drafter):
         return out
 
 
-@pytest.mark.parametrize("dname,pname", [("far/with", "topk3"), ("close/without", "t1.0"), ("ngram-tree", "t0.7")])
-def test_engine_tree_sampling_matches_target(models, dname, pname):
-    """3,000 generations of 3 tokens per case with trees (2 siblings per node, depth 2, budget 6),
-    against the enumerated 512-outcome law."""
+@pytest.mark.parametrize("dname,width,depth,pname", [("far/with", 2, 2, "topk3"), ("close/without", 2, 2, "topp0.8"),
+                                                     ("far/without", 3, 1, "t1.0"), ("ngram-tree", 0, 2, "t0.7")])
+def test_engine_tree_sampling_matches_target(models, dname, width, depth, pname):
+    """3,000 generations of 3 tokens per case with trees (sampled: ``width`` siblings per node,
+    ``depth`` levels; n-gram tries of up to 6 nodes), against the enumerated 512-outcome law."""
     target, close, far = models
     if dname == "ngram-tree":
-        drafter = NgramTreeDrafter(min_n=1, max_n=2, max_matches=4, max_depth=2)
+        drafter = NgramTreeDrafter(min_n=1, max_n=2, max_matches=4, max_depth=depth, min_score=0.0)
     else:
         which, scheme = dname.split("/")
-        drafter = SampledTreeDrafter(close if which == "close" else far, 2, scheme == "with")
+        drafter = SampledTreeDrafter(close if which == "close" else far, width, scheme == "with", depth)
     counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=6)
     assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
