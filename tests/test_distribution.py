@@ -145,6 +145,8 @@ def draw_siblings(q: torch.Tensor, width: int, replacement: bool, g: torch.Gener
     claim = replacement if claim_replacement is None else claim_replacement
     tokens, qs, left = [], [], q.clone()
     for _ in range(width):
+        if not replacement and left.sum() <= 0:          # q's support is exhausted: no more siblings
+            break
         dist = q if replacement else left / left.sum()
         tokens.append(int(race(dist, exponential_noise(tuple(dist.shape), g))))
         qs.append(q if claim else left / left.sum())

@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+import torch
 from torch import Tensor
 
 from specserve.sampling import SamplingParams
@@ -110,8 +111,13 @@ class DraftProposal:
                 raise ValueError(f"parents must satisfy -1 <= parents[i] < i, got {self.parents}")
         if any(not 0 <= t < vocab_size for t in self.tokens):
             raise ValueError("drafted token outside the vocabulary")
-        if self.probs is not None and tuple(self.probs.shape) != (n, vocab_size):
-            raise ValueError(f"probs must be [{n}, {vocab_size}], got {tuple(self.probs.shape)}")
+        if self.probs is not None:
+            if tuple(self.probs.shape) != (n, vocab_size):
+                raise ValueError(f"probs must be [{n}, {vocab_size}], got {tuple(self.probs.shape)}")
+            dev = self.probs.device
+            q_x = self.probs[torch.arange(n, device=dev), torch.tensor(self.tokens, dtype=torch.long, device=dev)]
+            if not bool(((q_x > 0) & torch.isfinite(q_x)).all()):
+                raise ValueError("a node's token has no probability under the q it was drawn from")
         if self.confidence is not None and len(self.confidence) != n:
             raise ValueError("confidence needs one value per node")
 
