@@ -144,8 +144,13 @@ class Engine:
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self._free_rows.pop(0), list(req.prompt), gen, stats, time.perf_counter())
         t0 = time.perf_counter()
-        out = self.model(torch.tensor([req.prompt], device=self.model.device), self.cache, [seq.row], [0],
-                         last_only=True, features=drafter.feature_layers)
+        try:
+            out = self.model(torch.tensor([req.prompt], device=self.model.device), self.cache, [seq.row], [0],
+                             last_only=True, features=drafter.feature_layers)
+        except BaseException:
+            drafter.end(seq_id)               # nothing of the failed admission stays behind
+            self._free_rows.insert(0, seq.row)
+            raise
         first = int(sample(out.logits[0, -1], req.sampling, gen))
         self.cache.truncate(seq.row, len(req.prompt))
         stats.target_passes = 1

@@ -24,12 +24,16 @@ accepted tokens followed by its recovered or bonus token.  Example (K=3)::
 
 Randomness is passed in (``uniform`` for acceptance tests, ``noise`` for the exponential race), so
 the batched fast path and the per-row reference can be checked bit for bit.
+
+Drafted *trees* (several candidates per position) are verified by the functions after the "trees"
+marker below, with the same terms: accepted tokens are then an accepted *path* of nodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -182,18 +186,6 @@ class TreeVerifyResult:
         return self.path[b, : int(self.num_accepted[b])].tolist()
 
 
-def tree_depths(parents: Tensor, num_nodes: Tensor) -> Tensor:
-    """Depth (1 for a child of the pending token) of every node: parents [B, N] -> [B, N]; 0 for padding."""
-    bsz, n = parents.shape
-    depth = torch.zeros(bsz, n, dtype=torch.long, device=parents.device)
-    valid = _valid(num_nodes, n)
-    for i in range(n):
-        p = parents[:, i]
-        up = torch.where(p >= 0, depth.gather(1, p.clamp(min=0)[:, None]).squeeze(1), 0)
-        depth[:, i] = torch.where(valid[:, i], up + 1, 0)
-    return depth
-
-
 def greedy_tree_verify(tokens: Tensor, parents: Tensor, num_nodes: Tensor, target_logits: Tensor) -> TreeVerifyResult:
     """Accept the longest path of nodes that each equal the target's argmax at their parent.
 
@@ -203,49 +195,38 @@ def greedy_tree_verify(tokens: Tensor, parents: Tensor, num_nodes: Tensor, targe
     target_logits: [B, N+1, V] at the pending token (0) and at each node (i + 1)
 
     Example: tokens [a, b, c], parents [-1, -1, 1], argmax at pending/a/b/c = [b, x, c, y]
-    -> path [1, 2], tokens [b, c, y].
+    -> path [1, 2], tokens [b, c, y].  The walk over nodes is small index work: numpy on the host.
     """
     bsz, n = tokens.shape
-    argmax = target_logits.argmax(-1)                                                  # [B, N+1]
-    rows = torch.arange(bsz, device=tokens.device)
-    ok = torch.zeros(bsz, n, dtype=torch.bool, device=tokens.device)
-    valid = _valid(num_nodes, n)
-    for i in range(n):                                  # topological order: a parent's ok is known
-        p = parents[:, i]
-        parent_ok = torch.where(p >= 0, ok[rows, p.clamp(min=0)], True)
-        ok[:, i] = valid[:, i] & parent_ok & (tokens[:, i] == argmax[rows, p + 1])
-    depth = tree_depths(parents, num_nodes)
-    score = torch.where(ok, depth, 0)                                                  # [B, N]
-    if n:
-        best = score.argmax(1)                                                         # first of the deepest
-        num_accepted = score.gather(1, best[:, None]).squeeze(1)
-    else:
-        best = num_accepted = torch.zeros(bsz, dtype=torch.long, device=tokens.device)
-    path = _walk_up(parents, best, num_accepted, n)
-    final = argmax[rows, torch.where(num_accepted > 0, best + 1, 0)]
-    return TreeVerifyResult(_emit_path(tokens, path, num_accepted, final), path, num_accepted)
+    dev = tokens.device
+    argmax = target_logits.argmax(-1).cpu().numpy()                                    # [B, N+1]
+    tok, par, num = tokens.cpu().numpy(), parents.cpu().numpy(), num_nodes.cpu().numpy()
+    rows = np.arange(bsz)
+    ok = np.zeros((bsz, n), dtype=bool)
+    depth = np.zeros((bsz, n), dtype=np.int64)
+    for i in range(n):                                  # topological order: a parent is done first
+        p = par[:, i]
+        up = np.maximum(p, 0)
+        valid = i < num
+        ok[:, i] = valid & np.where(p >= 0, ok[rows, up], True) & (tok[:, i] == argmax[rows, p + 1])
+        depth[:, i] = np.where(valid, np.where(p >= 0, depth[rows, up], 0) + 1, 0)
+    score = np.where(ok, depth, 0)                                                     # [B, N]
+    best = score.argmax(1) if n else np.zeros(bsz, dtype=np.int64)                     # first of the deepest
+    num_accepted = score[rows, best] if n else np.zeros(bsz, dtype=np.int64)
+    path = np.full((bsz, n), PLACEHOLDER, dtype=np.int64)
+    node = best.copy()
+    for d in range(int(num_accepted.max()) if n else 0, 0, -1):                        # walk up from the leaf
+        here = num_accepted >= d
+        path[here, d - 1] = node[here]
+        node = np.where(here, par[rows, np.maximum(node, 0)], node)
+    final = argmax[rows, np.where(num_accepted > 0, best + 1, 0)]
+    out = np.full((bsz, n + 1), PLACEHOLDER, dtype=np.int64)
+    out[:, :n] = np.where(path >= 0, np.take_along_axis(tok, np.maximum(path, 0), 1), PLACEHOLDER)
+    out[rows, num_accepted] = final
 
-
-def _walk_up(parents: Tensor, leaf: Tensor, length: Tensor, n: int) -> Tensor:
-    """Node indices root..leaf of length ``length`` per row, PLACEHOLDER-padded: [B, N]."""
-    bsz = parents.shape[0]
-    rows = torch.arange(bsz, device=parents.device)
-    path = torch.full((bsz, n), PLACEHOLDER, dtype=torch.long, device=parents.device)
-    node = leaf.clone()
-    for d in range(int(length.max()) if n else 0, 0, -1):
-        here = length >= d
-        path[rows[here], d - 1] = node[here]
-        node = torch.where(here, parents[rows, node.clamp(min=0)], node)
-    return path
-
-
-def _emit_path(tokens: Tensor, path: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:
-    """[B, N+1]: the path's tokens, the final token at num_accepted, PLACEHOLDER after."""
-    bsz, n = tokens.shape
-    out = torch.full((bsz, n + 1), PLACEHOLDER, dtype=torch.long, device=tokens.device)
-    if n:
-        out[:, :n] = torch.where(path >= 0, tokens.gather(1, path.clamp(min=0)), PLACEHOLDER)
-    return out.scatter(1, num_accepted[:, None], final[:, None])
+    def t(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(dev)
+    return TreeVerifyResult(t(out), t(path), t(num_accepted))
 
 
 def tree_rejection_verify_row(tokens: list[int], parents: list[int], draft_probs: Tensor | None,

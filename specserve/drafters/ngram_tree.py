@@ -12,7 +12,8 @@ whole path is right: its parent's estimate, times its share of the continuations
 on greedy outputs of the default model for training prompts (not the evaluation set), where the
 estimates are calibrated to within a few points (``scripts/tune_ngram_tree.py``).  The ``k``
 most probable nodes are kept best-first (a node's estimate never exceeds its parent's, so the kept
-nodes form a tree), none below ``min_score``; the estimates are the proposal's ``confidence``.
+nodes form a tree), none below ``min_score``, and emitted depth-first with the best child first, so
+that the most probable path is nodes 0, 1, 2, ...; the estimates are the proposal's ``confidence``.
 
 Example: tokens ``a b x . a b y . a b``: the suffix ``a b`` matches before ``x`` (2 tokens) and
 ``. a b`` before ``y`` (3 tokens), so the trie's root has children ``y`` (longer match, scored
@@ -122,18 +123,25 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
     # best-first selection: a child's score <= its parent's, so popping by score keeps a tree
     heap = [(-score[c], c) for c in trie.children[0].values()]
     heapq.heapify(heap)
-    out_tokens, out_parents, conf = [], [], []
-    index: dict[int, int] = {0: -1}
-    while heap and len(out_tokens) < k:
+    kept: dict[int, list[int]] = {0: []}                 # selected node -> selected children, best first
+    while heap and len(kept) - 1 < k:
         neg, node = heapq.heappop(heap)
         if -neg < min_score:
             break
-        index[node] = len(out_tokens)
-        out_tokens.append(trie.token[node])
-        out_parents.append(index[trie.parent[node]])
-        conf.append(score[node])
+        kept[trie.parent[node]].append(node)
+        kept[node] = []
         for c in trie.children[node].values():
             heapq.heappush(heap, (-score[c], c))
+    # emit depth-first, best child first: the most probable path comes first, as a chain, so when
+    # it is the one accepted the engine has no cache entries to move
+    out_tokens, out_parents, conf = [], [], []
+    stack = [(c, -1) for c in reversed(kept[0])]
+    while stack:
+        node, parent_index = stack.pop()
+        out_tokens.append(trie.token[node])
+        out_parents.append(parent_index)
+        conf.append(score[node])
+        stack += [(c, len(out_tokens) - 1) for c in reversed(kept[node])]
     return DraftProposal(out_tokens, None, out_parents, conf)
 
 

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,14 +104,15 @@ class Decoder(Protocol):
 def tree_depths(parents: Tensor) -> Tensor:
     """Depth of every token: parents [B, T] (-1 for roots, parents[b, t] < t) -> [B, T] int64.
 
-    Example: parents [[-1, 0, 0, 1]] -> [[0, 1, 1, 2]].
+    Example: parents [[-1, 0, 0, 1]] -> [[0, 1, 1, 2]].  (Small index work: numpy on the host.)
     """
-    depth = torch.zeros(parents.shape, dtype=torch.int64, device=parents.device)
-    has_parent = parents >= 0
-    for t in range(1, parents.shape[1]):
-        p = parents[:, t].clamp(min=0)
-        depth[:, t] = torch.where(has_parent[:, t], depth.gather(1, p[:, None]).squeeze(1) + 1, 0)
-    return depth
+    par = parents.cpu().numpy()
+    depth = np.zeros(par.shape, dtype=np.int64)
+    rows = np.arange(par.shape[0])
+    for t in range(1, par.shape[1]):
+        p = par[:, t]
+        depth[:, t] = np.where(p >= 0, depth[rows, np.maximum(p, 0)] + 1, 0)
+    return torch.from_numpy(depth).to(parents.device)
 
 
 def ancestor_mask(parents: Tensor) -> Tensor:
@@ -118,21 +120,20 @@ def ancestor_mask(parents: Tensor) -> Tensor:
 
     Example: parents [[-1, 0, 0, 1]] -> row 3 (c) is [True, True, False, True].
     """
-    bsz, t_len = parents.shape
-    eye = torch.eye(t_len, dtype=torch.bool, device=parents.device).expand(bsz, t_len, t_len)
-    anc = eye.clone()
-    rows = torch.arange(bsz, device=parents.device)
+    par = parents.cpu().numpy()
+    bsz, t_len = par.shape
+    anc = np.broadcast_to(np.eye(t_len, dtype=bool), (bsz, t_len, t_len)).copy()
+    rows = np.arange(bsz)
     for t in range(1, t_len):
-        p = parents[:, t]
-        inherit = anc[rows, p.clamp(min=0)] & (p >= 0)[:, None]               # [B, T]
-        anc[:, t] |= inherit
-    return anc
+        p = par[:, t]
+        anc[:, t] |= anc[rows, np.maximum(p, 0)] & (p >= 0)[:, None]
+    return torch.from_numpy(anc).to(parents.device)
 
 
 def check_parents(parents: Tensor, t_len: int) -> None:
     """Refuse a forest that is not topologically ordered (a parent index must be < the child's)."""
-    idx = torch.arange(t_len, device=parents.device)
-    if parents.shape[-1] != t_len or bool(((parents >= idx) | (parents < -1)).any()):
+    par = parents.cpu().numpy()
+    if par.shape[-1] != t_len or bool(((par >= np.arange(t_len)) | (par < -1)).any()):
         raise ValueError("parents must satisfy -1 <= parents[b, t] < t")
 
 

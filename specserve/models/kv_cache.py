@@ -1,6 +1,7 @@
 """A preallocated key/value cache indexed by absolute position.
 
-Layout per layer: ``k[layer]`` and ``v[layer]`` are ``[rows, kv_heads, capacity, head_dim]``.  Each
+Layout per layer: ``k[layer]`` and ``v[layer]`` are ``[rows, kv_heads, capacity, head_dim]`` (views
+of one ``[layers, rows, kv_heads, capacity, head_dim]`` tensor per kind).  Each
 row holds one sequence.  The model writes the keys and values of the tokens it is fed at the
 positions it is told; it never decides what is valid.  Validity is ``lengths[row]``, owned by the
 engine: rolling a row back to any length is a single integer assignment, because entries past a
@@ -27,8 +28,11 @@ class KVCache:
         # NaN.  The native runtime never lets an unwritten entry reach a result, so it takes
         # untouched memory: pages become resident only as positions are written.
         alloc = torch.zeros if zeroed else torch.empty
-        self.k = [alloc(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [alloc(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # one tensor per kind for all layers (so that compaction moves every layer at once); the
+        # model sees per-layer views, each contiguous
+        self.k_all = alloc((num_layers, *shape), dtype=dtype, device=device)
+        self.v_all = alloc((num_layers, *shape), dtype=dtype, device=device)
+        self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
         self.lengths = [0] * rows                   # valid positions per row; set by the engine
 
     @property
@@ -50,12 +54,12 @@ class KVCache:
         moves = [(start + i, start + p) for i, p in enumerate(path) if p != i]
         if not moves:
             return
-        dst = torch.tensor([d for d, _ in moves], device=self.k[0].device)
-        src = torch.tensor([s for _, s in moves], device=self.k[0].device)
-        for k, v in zip(self.k, self.v):
-            k[row, :, dst] = k[row, :, src]
-            v[row, :, dst] = v[row, :, src]
+        dst = torch.tensor([d for d, _ in moves], device=self.k_all.device)
+        src = torch.tensor([s for _, s in moves], device=self.k_all.device)
+        for cache in (self.k_all, self.v_all):
+            layers = cache[:, row]                                  # [L, kv_heads, capacity, head_dim]
+            layers[:, :, dst] = layers[:, :, src]
 
     def nbytes(self) -> int:
         """Bytes held by the cache tensors."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in (self.k_all, self.v_all))
