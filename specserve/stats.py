@@ -58,6 +58,11 @@ class RequestStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
+    def acceptance_by_depth(self) -> list[float]:
+        """[d]: of the steps whose draft reached depth d+1, the share that accepted >= d+1 tokens."""
+        return [a / d for a, d in zip(self.accepted_per_depth, self.drafted_per_depth)]
+
+    @property
     def mean_nodes_per_step(self) -> float:
         return self.drafted_tokens / len(self.nodes_per_step) if self.nodes_per_step else 0.0
 
@@ -76,7 +81,7 @@ class RequestStats:
             "target_passes": self.target_passes, "verify_passes": self.verify_passes,
             "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
             "drafted_per_depth": list(self.drafted_per_depth),
-            "accepted_per_depth": list(self.accepted_per_depth),
+            "accepted_per_depth": list(self.accepted_per_depth), "acceptance_by_depth": self.acceptance_by_depth,
             "nodes_per_step": list(self.nodes_per_step), "mean_nodes_per_step": self.mean_nodes_per_step,
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "ttft_s": self.ttft_s, "draft_s": self.draft_s, "verify_s": self.verify_s,

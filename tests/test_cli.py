@@ -51,6 +51,7 @@ def test_generate_json_tree_drafter():
     assert len(s["nodes_per_step"]) == s["verify_passes"] and max(s["nodes_per_step"]) <= 8
     assert len(s["drafted_per_depth"]) <= 4
     assert all(a <= d for a, d in zip(s["accepted_per_depth"], s["drafted_per_depth"]))
+    assert all(0 <= r <= 1 for r in s["acceptance_by_depth"])
 
 
 @pytest.mark.slow

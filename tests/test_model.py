@@ -248,3 +248,24 @@ def test_features_for_every_fed_position(kernels):
     assert not m(torch.tensor([[6]]), cache, [1], [5]).features
     diff = (tree.features[last][0, [0, 2]] - chain.features[last][0]).abs().max().item()
     assert diff == 0.0 if kernels == "native" else diff <= 1e-5
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+def test_runtimes_implement_the_decoder_protocol_and_timer_hook(kernels):
+    """Every runtime is a Decoder; a PartTimer set through the hook times each part of a pass, and
+    once removed, passes are no longer timed (and give the same logits)."""
+    from specserve.models.decoder import Decoder, PartTimer, timed
+
+    lm = tiny_model(seed=6, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto")
+    m = lm.model
+    assert isinstance(m, Decoder) and m.weight_bytes() > 0
+    cache = m.new_cache(1, 64)
+    x = torch.tensor([[1, 2, 3, 4]])
+    plain = m(x, cache, [0], [0]).logits
+    with timed(m, PartTimer()) as timer:
+        assert torch.equal(m(x, cache, [0], [0]).logits, plain)
+    for part in ("qkv", "o", "gate_up", "down", "attention", "lm_head"):
+        assert timer.seconds[part] > 0, part
+    before = dict(timer.seconds)
+    m(x, cache, [0], [0])
+    assert dict(timer.seconds) == before

@@ -1,9 +1,9 @@
 """``specserve bench``: every method on the same prompts, in the same order, in one process.
 
-Phases: 1. roofline card; 2. cost curve of one target pass; 3. every method at concurrency 1
-(plain decoding first: the baseline); 4. each higher concurrency level through the batched engine,
-closed loop (a request is admitted as soon as a slot frees); 5. peer engines; 6. results.json,
-report.md and plots.
+Phases: 1. roofline card; 2. cost curve of one target pass; 3. every method at concurrency 1,
+interleaved prompt by prompt (plain decoding is the baseline); 4. each higher concurrency level
+through the batched engine, closed loop (a request is admitted as soon as a slot frees); 5. peer
+engines; 6. results.json, report.md and plots.
 """
 
 from __future__ import annotations
@@ -116,17 +116,17 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     print("cost curve", file=sys.stderr)
     doc["cost_curve"] = cost_curve(target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
 
-    # 3. every method at concurrency 1 (warm-up first: one short run of each)
+    # 3. every method at concurrency 1 (warm-up first: one short run of each).  Methods are
+    #    interleaved prompt by prompt, in an order rotated from one prompt to the next, so that a
+    #    slow spell of a shared machine falls on every method alike instead of on one of them.
     for m in methods:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
-    records: dict[str, list[dict]] = {}
-    for m in methods:
-        recs = []
-        for i, (p, pid) in enumerate(zip(prompts, ids)):
+    records: dict[str, list[dict]] = {m.label: [] for m in methods}
+    for i, (p, pid) in enumerate(zip(prompts, ids)):
+        for m in methods[i % len(methods):] + methods[: i % len(methods)]:
             res = llm.engine.generate([llm.request(pid, cfg.max_tokens, greedy, m.label, m.k)])[0]
-            recs.append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
-            _progress(m.label, i + 1, len(prompts))
-        records[m.label] = recs
+            records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
+        _progress("every method", i + 1, len(prompts))
     base = records[methods[0].label]
     doc["summary"] = {}
     for m in methods:
