@@ -192,12 +192,12 @@ class Engine:
         proposals = self._draft(seqs)
         t_draft = time.perf_counter() - t0
 
-        # 2. one target pass: the pending token and every node, for all sequences
+        # 2. one ragged target pass: the pending token and every node, for all sequences
         t0 = time.perf_counter()
-        out = self._target_pass(seqs, proposals)
+        out, offsets = self._target_pass(seqs, proposals)
 
         # 3. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
-        outcomes = verify_rows(seqs, proposals, out.logits)
+        outcomes = verify_rows(seqs, proposals, out.logits, offsets)
         t_verify = time.perf_counter() - t0
 
         # 4. commit accepted tokens (a stop inside the run ends it there), 5. compact and roll back
@@ -211,7 +211,7 @@ class Engine:
             self.cache.truncate(s.row, old_len + len(kept))
             s.stats.record_step(len(prop), max(prop.depths(), default=0), len(o.path))
             drafter = self.drafters[s.request.drafter]
-            feats = {layer: out.features[layer][i, kept] for layer in drafter.feature_layers}
+            feats = {layer: out.features[layer][[offsets[i] + j for j in kept]] for layer in drafter.feature_layers}
             drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats))
             self._commit(s, o.tokens)
             s.stats.draft_s += t_draft
@@ -243,21 +243,23 @@ class Engine:
         return out
 
     def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal]):
-        """Row b: [pending token] + node tokens, padded to the widest row; node parents shift by one
-        (the pending token is pass index 0).  A batch of chains passes no parents at all."""
-        width = max(len(proposals[s.seq_id]) for s in seqs)
-        rows = [[s.tokens[-1]] + proposals[s.seq_id].tokens for s in seqs]
-        tokens = [r + [0] * (width + 1 - len(r)) for r in rows]
-        parents = None
-        if not all(proposals[s.seq_id].is_chain for s in seqs):
-            parents = torch.full((len(seqs), width + 1), -1, dtype=torch.long)
-            for b, s in enumerate(seqs):
-                prop = proposals[s.seq_id]
-                parents[b, 1: len(prop) + 1] = torch.tensor(prop.parent_list(), dtype=torch.long) + 1
+        """One ragged pass: sequence b contributes [pending token] + its node tokens, nothing padded;
+        node parents shift by one (the pending token is the sequence's index 0).  A pass of chains
+        only passes no parents.  Returns the pass output and each sequence's first row in it."""
+        tokens, lengths, parents = [], [], []
+        for s in seqs:
+            prop = proposals[s.seq_id]
+            tokens += [s.tokens[-1]] + prop.tokens
+            lengths.append(len(prop) + 1)
+            parents += [-1] + [p + 1 for p in prop.parent_list()]
+        trees = not all(proposals[s.seq_id].is_chain for s in seqs)
         layers = tuple(sorted({x for s in seqs for x in self.drafters[s.request.drafter].feature_layers}))
         dev = self.model.device
-        return self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs],
-                          [self.cache.lengths[s.row] for s in seqs], parents=parents, features=layers)
+        out = self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs],
+                         [self.cache.lengths[s.row] for s in seqs], lengths=lengths,
+                         parents=torch.tensor(parents, device=dev) if trees else None, features=layers)
+        offsets = list(itertools.accumulate([0] + lengths[:-1]))
+        return out, offsets
 
     def _commit(self, s: Sequence, new: list[int]) -> None:
         """Append tokens one at a time, stopping exactly where plain decoding would."""

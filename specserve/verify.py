@@ -70,8 +70,12 @@ def greedy_verify(draft: Tensor, num_draft: Tensor, target_logits: Tensor) -> Ve
     num_draft:     [B] int64, 0 <= num_draft <= K
     target_logits: [B, K+1, V] target logits at the pending token and after each drafted token
     """
+    return greedy_verify_argmax(draft, num_draft, target_logits.argmax(-1))
+
+
+def greedy_verify_argmax(draft: Tensor, num_draft: Tensor, argmax: Tensor) -> VerifyResult:
+    """``greedy_verify`` given the target's argmax tokens [B, K+1] instead of its logits."""
     k = draft.shape[1]
-    argmax = target_logits.argmax(-1)                                                  # [B, K+1]
     match = (draft == argmax[:, :k]) & _valid(num_draft, k)                            # [B, K]
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)                              # [B]
     final = argmax.gather(1, num_accepted[:, None]).squeeze(1)                         # [B]
@@ -197,9 +201,14 @@ def greedy_tree_verify(tokens: Tensor, parents: Tensor, num_nodes: Tensor, targe
     Example: tokens [a, b, c], parents [-1, -1, 1], argmax at pending/a/b/c = [b, x, c, y]
     -> path [1, 2], tokens [b, c, y].  The walk over nodes is small index work: numpy on the host.
     """
+    return greedy_tree_verify_argmax(tokens, parents, num_nodes, target_logits.argmax(-1))
+
+
+def greedy_tree_verify_argmax(tokens: Tensor, parents: Tensor, num_nodes: Tensor, argmax: Tensor) -> TreeVerifyResult:
+    """``greedy_tree_verify`` given the target's argmax tokens [B, N+1] instead of its logits."""
     bsz, n = tokens.shape
     dev = tokens.device
-    argmax = target_logits.argmax(-1).cpu().numpy()                                    # [B, N+1]
+    argmax = argmax.cpu().numpy()                                                      # [B, N+1]
     tok, par, num = tokens.cpu().numpy(), parents.cpu().numpy(), num_nodes.cpu().numpy()
     rows = np.arange(bsz)
     ok = np.zeros((bsz, n), dtype=bool)

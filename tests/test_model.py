@@ -269,3 +269,34 @@ def test_runtimes_implement_the_decoder_protocol_and_timer_hook(kernels):
     before = dict(timer.seconds)
     m(x, cache, [0], [0])
     assert dict(timer.seconds) == before
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+def test_ragged_pass_equals_separate_passes(kernels):
+    """One ragged pass over three sequences of 1, 5 and 3 tokens (the last a tree) gives each token
+    the logits and features of its own sequence's pass: bit for bit on native and fbgemm."""
+    lm = tiny_model(seed=12, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto")
+    m, last = lm.model, lm.config.num_layers
+    g = torch.Generator().manual_seed(5)
+    starts = [13, 40, 7]
+    cache = m.new_cache(6, 96)
+    for r, s in enumerate(starts):
+        p = torch.randint(0, 64, (1, s), generator=g)
+        m(p, cache, [r], [0])
+        m(p, cache, [r + 3], [0])
+    seqs = [torch.randint(0, 64, (n,), generator=g) for n in (1, 5, 3)]
+    tree = torch.tensor([-1, 0, 0])
+    parents = torch.cat([torch.tensor([-1]), torch.arange(-1, 4), tree])
+    out = m(torch.cat(seqs), cache, [0, 1, 2], starts, lengths=[1, 5, 3], parents=parents, features=(last,))
+    assert out.logits.shape == (9, 64) and out.features[last].shape == (9, 32)
+    alone = [m(seqs[0][None], cache, [3], [starts[0]], features=(last,)),
+             m(seqs[1][None], cache, [4], [starts[1]], features=(last,)),
+             m(seqs[2][None], cache, [5], [starts[2]], parents=tree[None], features=(last,))]
+    ref = torch.cat([a.logits[0] for a in alone])
+    ref_f = torch.cat([a.features[last][0] for a in alone])
+    if kernels == "torch":
+        assert (out.logits - ref).abs().max().item() <= 1e-4
+    else:
+        assert torch.equal(out.logits, ref) and torch.equal(out.features[last], ref_f)
+    with pytest.raises(ValueError):
+        m(torch.cat(seqs), cache, [0, 1, 2], starts, lengths=[1, 5, 2])

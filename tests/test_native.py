@@ -110,8 +110,10 @@ def run_attention(q, rows, start, t, parents=None):
             depth[i] = depth[(i // t) * t + p] + 1 if p >= 0 else 0
         par_ptr = par.data_ptr()
     pos = (start_t.repeat_interleave(t) + depth).contiguous()
+    offsets = torch.arange(len(rows) + 1, dtype=torch.int64) * t
     nt.library().ss_attention(q.data_ptr(), KC.data_ptr(), VC.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
-                              pos.data_ptr(), par_ptr, len(rows), t, H, HKV, CAP, D, D ** -0.5, out.data_ptr())
+                              offsets.data_ptr(), pos.data_ptr(), par_ptr, len(rows), H, HKV, CAP, D, D ** -0.5,
+                              out.data_ptr())
     return out
 
 

@@ -12,7 +12,12 @@ Then, for token t of row b:
 * it **attends** to the prefix slots and to the slots of its ancestors and itself, nothing else.
 
 So a tree of draft nodes is scored in one pass, each node seeing exactly the keys it would see if
-its root-to-node path were fed as a chain.  Worked example (start 10, pending token p with drafted
+its root-to-node path were fed as a chain.
+
+A pass may also be **ragged**: ``tokens [N]`` flat, with ``lengths [B]`` tokens per sequence (summing
+to N) and ``parents [N]`` indices relative to each sequence's own tokens; nothing is padded, and
+the logits (and features) come back flat, ``[N, V]``.  ``tokens [B, T]`` is the same as a ragged
+pass with every length T, returned as ``[B, T, V]``.  Worked example (start 10, pending token p with drafted
 children a, b and a's child c)::
 
     tokens  [p,  a,  b,  c]     parents [-1, 0, 0, 1]     depth [0, 1, 1, 2]
@@ -88,9 +93,9 @@ class Decoder(Protocol):
         """A cache of ``rows`` slots holding up to ``max_len`` positions each (+ ``slack``)."""
 
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
-                parents: Tensor | None = None, last_only: bool = False,
+                lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
                 features: tuple[int, ...] = ()) -> ForwardOutput:
-        """One pass, laid out as the module docstring says."""
+        """One pass, laid out as the module docstring says (``lengths``: a ragged pass)."""
 
     def __call__(self, *args, **kwargs) -> ForwardOutput: ...
 
@@ -135,6 +140,40 @@ def check_parents(parents: Tensor, t_len: int) -> None:
     par = parents.cpu().numpy()
     if par.shape[-1] != t_len or bool(((par >= np.arange(t_len)) | (par < -1)).any()):
         raise ValueError("parents must satisfy -1 <= parents[b, t] < t")
+
+
+@dataclass
+class Layout:
+    """A pass as a flat list of N tokens (see the module docstring); numpy arrays, on the host."""
+    lengths: list[int]            # tokens per sequence [B]
+    offsets: np.ndarray           # [B+1]: sequence b owns tokens offsets[b] .. offsets[b+1]-1
+    seq_of: np.ndarray            # [N]: each token's sequence
+    index: np.ndarray             # [N]: each token's index within its sequence (its slot is start + index)
+    depth: np.ndarray             # [N]: ancestors in the pass
+    parents: np.ndarray | None    # [N]: parent index within the sequence (-1: a root); None: all chains
+
+    @classmethod
+    def of(cls, tokens: Tensor, lengths: list[int] | None, parents: Tensor | None) -> "Layout":
+        """From ``tokens [B, T]`` (``lengths`` None) or ragged ``tokens [N]`` with ``lengths``;
+        ``parents`` of the same shape as ``tokens``, or None.  Refuses malformed layouts."""
+        if lengths is None:
+            if tokens.dim() != 2:
+                raise ValueError("a pass takes tokens [B, T], or tokens [N] with lengths")
+            lengths = [tokens.shape[1]] * tokens.shape[0]
+        elif tokens.dim() != 1 or sum(lengths) != tokens.shape[0] or min(lengths, default=0) < 1:
+            raise ValueError("a ragged pass takes tokens [N] and lengths >= 1 summing to N")
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        seq_of = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        index = np.arange(offsets[-1], dtype=np.int64) - offsets[seq_of]
+        if parents is None:
+            return cls(list(lengths), offsets, seq_of, index, index.copy(), None)
+        par = parents.reshape(-1).cpu().numpy().astype(np.int64)
+        if len(par) != len(index) or bool(((par >= index) | (par < -1)).any()):
+            raise ValueError("parents must satisfy -1 <= parents[i] < i within each sequence")
+        depth = np.zeros(len(par), dtype=np.int64)
+        for i in np.flatnonzero(par >= 0):                    # parents come first in each sequence
+            depth[i] = depth[offsets[seq_of[i]] + par[i]] + 1
+        return cls(list(lengths), offsets, seq_of, index, depth, par)
 
 
 @contextmanager

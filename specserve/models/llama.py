@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import (ForwardOutput, PartTimer, ancestor_mask, check_parents,
+from specserve.models.decoder import (ForwardOutput, Layout, PartTimer, ancestor_mask, check_parents,
                                       tree_depths)
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS, Linear, RMSNorm, apply_rope,
@@ -192,9 +192,30 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
-                parents: Tensor | None = None, last_only: bool = False,
+                lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
                 features: tuple[int, ...] = ()) -> ForwardOutput:
-        """One pass (layout: ``specserve.models.decoder``)."""
+        """One pass (layout: ``specserve.models.decoder``).  A ragged pass is run padded to its
+        longest sequence (pads continue a chain or are roots of their own; their cache writes land
+        past the sequence and are dead), and its outputs are returned flat."""
+        if lengths is None:
+            return self._forward(tokens, cache, rows, start, parents, last_only, features)
+        if last_only:
+            raise ValueError("last_only is for [B, T] passes")
+        lay = Layout.of(tokens, lengths, parents)
+        width, dev = max(lengths), tokens.device
+        flat = torch.from_numpy(lay.seq_of * width + lay.index).to(dev)               # [N] into [B*T]
+        padded = torch.zeros(len(lengths) * width, dtype=tokens.dtype, device=dev).index_copy_(0, flat, tokens)
+        par = None
+        if lay.parents is not None:
+            par = torch.full((len(lengths) * width,), -1, dtype=torch.long, device=dev)
+            par.index_copy_(0, flat, torch.from_numpy(lay.parents).to(dev))
+            par = par.view(len(lengths), width)
+        out = self._forward(padded.view(len(lengths), width), cache, rows, start, par, False, features)
+        pick = lambda x: x.reshape(-1, x.shape[-1])[flat]                          # noqa: E731
+        return ForwardOutput(pick(out.logits), {k: pick(v) for k, v in out.features.items()})
+
+    def _forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], parents: Tensor | None,
+                 last_only: bool, features: tuple[int, ...]) -> ForwardOutput:
         bsz, t = tokens.shape
         dev = tokens.device
         start_t = torch.tensor(start, dtype=torch.long, device=dev)

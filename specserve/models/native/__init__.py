@@ -26,7 +26,7 @@ HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -100,8 +100,8 @@ def library() -> ctypes.CDLL:
         "ss_embed": ([p, i64, p, i32, i64, p], None),
         "ss_rmsnorm": ([p, p, i64, i64, f32, p], None),
         "ss_silu_mul": ([p, i64, i64, p], None),
-        "ss_rope_cache": ([p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
-        "ss_attention": ([p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, f32, p], None),
+        "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
+        "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, p], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

@@ -1,5 +1,7 @@
 // Attention, RoPE with the KV-cache write, RMSNorm and SiLU-gating (see simd.h).
 
+#include <vector>
+
 #include "simd.h"
 
 namespace ss {
@@ -80,17 +82,22 @@ void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
     }
 }
 
-// qkv: [B*T, (H + 2*Hkv) * D]; cos, sin: [positions, D]; rows, start: [B]; pos: [B*T] rotary
-// positions; q_norm, k_norm: [D] or null (Qwen3); q_out: [B*T, H, D]; kc, vc: [R, Hkv, C, D] (this
-// layer).  Normalises (optionally) and rotates q and k by pos, writes token (b, t)'s k and v into
-// the cache at (rows[b], slot start[b] + t).
+// A pass is *ragged*: N tokens in a flat list, sequence b owning tokens offsets[b] .. offsets[b+1]-1
+// (seq_of[i] is token i's sequence).  Token i = offsets[b] + t of sequence b is written to cache
+// slot start[b] + t of row rows[b].
+//
+// qkv: [N, (H + 2*Hkv) * D]; cos, sin: [positions, D]; rows, start: [B]; offsets: [B+1];
+// seq_of, pos: [N] (pos: rotary positions); q_norm, k_norm: [D] or null (Qwen3); q_out: [N, H, D];
+// kc, vc: [R, Hkv, C, D] (this layer).  Normalises (optionally) and rotates q and k by pos, writes
+// each token's k and v into the cache at its slot.
 void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* start,
-                   const int64_t* pos, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t D,
-                   const float* q_norm, const float* k_norm, float eps, float* q_out, float* kc, float* vc) {
+                   const int64_t* offsets, const int64_t* seq_of, const int64_t* pos, int64_t N, int64_t H,
+                   int64_t Hkv, int64_t C, int64_t D, const float* q_norm, const float* k_norm, float eps,
+                   float* q_out, float* kc, float* vc) {
   const int64_t W = (H + 2 * Hkv) * D;
   float tmp[1024];
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t p = pos[bt], row = rows[bt / T], slot = start[bt / T] + bt % T;
+  for (int64_t bt = 0; bt < N; ++bt) {
+    const int64_t b = seq_of[bt], p = pos[bt], row = rows[b], slot = start[b] + bt - offsets[b];
     const float *cs = cos + p * D, *sn = sin + p * D, *src = qkv + bt * W;
     for (int64_t h = 0; h < H; ++h) {
       const float* v = src + h * D;
@@ -107,35 +114,44 @@ void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const i
   }
 }
 
-// q: [B*T, H, D]; kc, vc: [R, Hkv, C, D]; rows, start: [B]; pos: [B*T] rotary positions;
-// parent: [B*T] index of each token's parent among its row's T tokens (-1 for a root), or null for
-// a chain; out: [B*T, H, D].
-// Token (b, t) attends to the cached prefix (slots 0..start[b]-1 of row rows[b]) and to its
+// q: [N, H, D]; kc, vc: [R, Hkv, C, D]; rows, start: [B]; offsets: [B+1] (ragged layout, above);
+// pos: [N] rotary positions; parent: [N] index of each token's parent among its sequence's tokens
+// (-1 for a root), or null for chains; out: [N, H, D].
+// Token t of sequence b attends to the cached prefix (slots 0..start[b]-1 of row rows[b]) and to its
 // ancestors in the pass and itself (slots start[b] + ancestor index), taken in virtual order (see
 // KeyPath).  For a chain that is slots 0..start[b]+t.
-// Work is split by (row, kv head, group of up to QG query heads sharing that kv head), so a key or
-// value block loaded for one query is reused from L1 by the others.  Each query's result is the
+// Work is split by (sequence, kv head, group of up to QG query heads sharing that kv head), so a key
+// or value block loaded for one query is reused from L1 by the others.  Each query's result is the
 // same sequence of operations whatever group it is in and wherever its path's keys are stored:
 // scores by scores8, softmax with a lane-wise sum (virtual key j in lane j % 8), then
 // o += p_j v_j in virtual key order (o parked in memory between key chunks: exact).
 void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* start,
-                  const int64_t* pos, const int64_t* parent, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                  int64_t C, int64_t D, float scale, float* out) {
-  const int64_t G = H / Hkv, per_head = T * G;
-  const int64_t QG = per_head < ATT_QG_MAX ? per_head : ATT_QG_MAX;
-  const int64_t chunks = (per_head + QG - 1) / QG, tasks = B * Hkv * chunks;
+                  const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
+                  int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
+  const int64_t G = H / Hkv;
+  // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to ATT_QG_MAX of its T_b * G queries
+  std::vector<int64_t> first_task(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t per_head = (offsets[b + 1] - offsets[b]) * G;
+    first_task[b + 1] = first_task[b] + Hkv * ((per_head + ATT_QG_MAX - 1) / ATT_QG_MAX);
+  }
+  const int64_t tasks = first_task[B];
   const int64_t stride = ((C + 15) / 16) * 16;           // score row, room for a full last group
   constexpr int64_t KEY_CHUNK = 64;
 #pragma omp parallel
   {
-    float* s = static_cast<float*>(std::aligned_alloc(64, QG * stride * 4));
-    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((QG * D * 4 + 63) / 64) * 64));
+    float* s = static_cast<float*>(std::aligned_alloc(64, ATT_QG_MAX * stride * 4));
+    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((ATT_QG_MAX * D * 4 + 63) / 64) * 64));
     int64_t path[ATT_QG_MAX][MAX_TREE_TOKENS];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t chunk = task % chunks, hk = (task / chunks) % Hkv, b = task / (chunks * Hkv);
-      const int64_t q0 = chunk * QG, nq = per_head - q0 < QG ? per_head - q0 : QG;
-      const int64_t base = (rows[b] * Hkv + hk) * C * D, s0 = start[b];
+      int64_t b = 0;
+      while (first_task[b + 1] <= task) ++b;
+      const int64_t local = task - first_task[b], per_head = (offsets[b + 1] - offsets[b]) * G;
+      const int64_t chunks = (per_head + ATT_QG_MAX - 1) / ATT_QG_MAX;
+      const int64_t chunk = local % chunks, hk = local / chunks;
+      const int64_t q0 = chunk * ATT_QG_MAX, nq = per_head - q0 < ATT_QG_MAX ? per_head - q0 : ATT_QG_MAX;
+      const int64_t base = (rows[b] * Hkv + hk) * C * D, s0 = start[b], o0 = offsets[b];
       const float *kb = kc + base, *vb = vc + base;
       const float* qv[ATT_QG_MAX];
       float* ov[ATT_QG_MAX];
@@ -143,15 +159,15 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
       int64_t n[ATT_QG_MAX], nmax = 0;
       float inv[ATT_QG_MAX];
       for (int64_t i = 0; i < nq; ++i) {
-        const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = b * T + t;
+        const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = o0 + t;
         qv[i] = q + (bt * H + h) * D;
         ov[i] = out + (bt * H + h) * D;
         const int64_t* slots = nullptr;
         if (parent) {            // the path root..t, as absolute cache slots
           int64_t depth = 0;
-          for (int64_t u = t; u >= 0; u = parent[b * T + u]) ++depth;
+          for (int64_t u = t; u >= 0; u = parent[o0 + u]) ++depth;
           int64_t x = depth;
-          for (int64_t u = t; u >= 0; u = parent[b * T + u]) path[i][--x] = s0 + u;
+          for (int64_t u = t; u >= 0; u = parent[o0 + u]) path[i][--x] = s0 + u;
           slots = path[i];
           n[i] = s0 + depth;
         } else {

@@ -193,7 +193,7 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 2; }
+int ss_abi_version() { return 3; }
 
 int64_t ss_row_bytes(int fmt, int64_t K) {
   switch (fmt) {

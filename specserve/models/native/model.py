@@ -11,11 +11,12 @@ slots share its pass, for decoding and verification; prompt prefills longer than
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import ForwardOutput, PartTimer, check_parents, tree_depths
+from specserve.models.decoder import ForwardOutput, Layout, PartTimer
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_inv_freq, rope_tables
 from specserve.models.native import MAX_TREE_TOKENS, NativeWeight, library, linear
@@ -142,31 +143,29 @@ class NativeTransformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
-                parents: Tensor | None = None, last_only: bool = False,
+                lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
                 features: tuple[int, ...] = ()) -> ForwardOutput:
-        """One pass (layout: ``specserve.models.decoder``)."""
+        """One pass (layout: ``specserve.models.decoder``), chain, tree or ragged."""
         cfg, lib = self.config, self._lib
-        bsz, t = tokens.shape
-        m = bsz * t
-        if max(start) + t > cache.capacity or max(start) + t > self.cos.shape[0]:
-            raise ValueError(f"positions up to {max(start) + t} exceed cache capacity {cache.capacity}")
+        lay = Layout.of(tokens, lengths, parents)
+        bsz, m, longest = len(lay.lengths), int(lay.offsets[-1]), max(lay.lengths)
+        ragged = lengths is not None
+        if ragged and last_only:
+            raise ValueError("last_only is for [B, T] passes")
+        if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.cos.shape[0]):
+            raise ValueError(f"positions up to {max(start) + longest} exceed cache capacity {cache.capacity}")
         if cache.k[0].dtype != torch.float32:
             raise ValueError("the native runtime needs a float32 KV cache")
+        if lay.parents is not None and longest > MAX_TREE_TOKENS:
+            raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per sequence, got {longest}")
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         hid, inter, cap = cfg.hidden_size, cfg.intermediate_size, cache.capacity
         tok = tokens.reshape(-1).to(torch.int64).contiguous()
         start_t = torch.tensor(start, dtype=torch.int64)
-        if parents is None:
-            depth = torch.arange(t)[None].expand(bsz, t)
-            parent_ptr = None
-        else:
-            if t > MAX_TREE_TOKENS:
-                raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per row, got {t}")
-            parents = parents.to(torch.int64).contiguous()
-            check_parents(parents, t)
-            depth = tree_depths(parents)
-            parent_ptr = parents.data_ptr()
-        pos = (start_t[:, None] + depth).reshape(-1).contiguous()                # rotary positions
+        pos = (start_t.numpy()[lay.seq_of] + lay.depth).astype(np.int64)              # rotary positions [N]
+        pos_t, offsets_t, seq_of_t = (torch.from_numpy(np.ascontiguousarray(a)) for a in (pos, lay.offsets, lay.seq_of))
+        parents_t = torch.from_numpy(lay.parents) if lay.parents is not None else None
+        parent_ptr = parents_t.data_ptr() if parents_t is not None else None
         rows_t = torch.tensor(rows, dtype=torch.int64)
         x = torch.empty(m, hid)
         hbuf = torch.empty(m, hid)
@@ -176,23 +175,27 @@ class NativeTransformer(nn.Module):
         gu = torch.empty(m, 2 * inter)
         act = torch.empty(m, inter)
         eps, scale = float(cfg.rms_norm_eps), float(d ** -0.5)
-        lin = self._gemm if t > PREFILL_GEMM_MIN_TOKENS and parents is None else self._linear
+        # a [B, T] chain pass longer than any verification pass is a prompt prefill (see the constant)
+        prefill = not ragged and longest > PREFILL_GEMM_MIN_TOKENS and lay.parents is None
+        lin = self._gemm if prefill else self._linear
         lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
         feats: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in features:
-                feats[i] = x.view(bsz, t, hid).clone()
+                feats[i] = x.clone()
             kc, vc = cache.k[i], cache.v[i]
             # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
             lin(hbuf, layer.qkv, layer.qkv_bias, out=qkv)
             lib.ss_rope_cache(qkv.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(), rows_t.data_ptr(),
-                              start_t.data_ptr(), pos.data_ptr(), bsz, t, h, hkv, cap, d,
+                              start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(), pos_t.data_ptr(), m,
+                              h, hkv, cap, d,
                               layer.q_norm.data_ptr() if layer.q_norm is not None else None,
                               layer.k_norm.data_ptr() if layer.k_norm is not None else None,
                               eps, q.data_ptr(), kc.data_ptr(), vc.data_ptr())
             lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
-                             pos.data_ptr(), parent_ptr, bsz, t, h, hkv, cap, d, scale, att.data_ptr())
+                             offsets_t.data_ptr(), pos_t.data_ptr(), parent_ptr, bsz, h, hkv, cap, d, scale,
+                             att.data_ptr())
             lin(att, layer.o, out=x, accumulate=True)
             # 2. feed-forward: norm -> fused gate/up -> silu * up -> down (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
@@ -200,11 +203,15 @@ class NativeTransformer(nn.Module):
             lib.ss_silu_mul(gu.data_ptr(), m, inter, act.data_ptr())
             lin(act, layer.down, out=x, accumulate=True)
         lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
-        out = hbuf.view(bsz, t, hid)
         if cfg.num_layers in features:
-            feats[cfg.num_layers] = out.clone()
+            feats[cfg.num_layers] = hbuf.clone()
+        out = hbuf
         if last_only:
-            out = out[:, -1:].contiguous()
-        head = self._gemm if out.shape[1] > PREFILL_GEMM_MIN_TOKENS and parents is None else self._linear
-        logits = head(out.reshape(-1, hid), self.lm_head)
-        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]), features=feats)
+            out = hbuf.view(bsz, -1, hid)[:, -1].contiguous()
+        head = self._gemm if prefill and not last_only else self._linear
+        logits = head(out, self.lm_head)
+        if ragged:
+            return ForwardOutput(logits=logits, features=feats)
+        t = longest
+        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]),
+                             features={k: v.view(bsz, t, hid) for k, v in feats.items()})
