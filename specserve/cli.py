@@ -32,7 +32,7 @@ def drafter_help() -> str:
         cls = drafter_class(name)
         opts = ", ".join(f"{o.name}={'REQUIRED' if o.required else o.default}" for o in cls.options)
         kind = "tree, k = node budget" if cls.tree else "chain"
-        parts.append(f"{name} ({kind}; default k={cls.default_num_draft}{'; ' + opts if opts else ''})")
+        parts.append(f"{name} ({kind}; auto chooses k <= {cls.max_auto_draft}{'; ' + opts if opts else ''})")
     return "; ".join(parts)
 
 
@@ -42,10 +42,12 @@ def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="drafter spec name[:option=value]... (default ngram"
                         + ("; repeatable, the first is the default for requests" if many else "") + "). "
                         + "Drafters: " + drafter_help().replace("%", "%%"))
-    p.add_argument("--num-draft", type=int, default=None,
-                   help="draft length k per step (tree drafters: node budget); default: the drafter's own")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--num-draft", default=None,
+                   help="draft length k per step (tree drafters: node budget), or 'auto' (the default): the "
+                        "engine chooses it every step, down to 0, from measured costs and acceptance")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="activation dtype (float32 keeps greedy identity by construction on CPU)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch (auto: native when this CPU and compiler allow)")
     p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
     p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
@@ -56,33 +58,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate text for one prompt")
     _engine_args(g)
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     g.add_argument("--raw", action="store_true", help="plain completion: no chat template")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples exactly the target's distribution")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    g.add_argument("--seed", type=int, default=None, help="seed of the sampler (default: a fresh one)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     _engine_args(v, many=True)
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    v.add_argument("--port", type=int, default=8000, help="port to listen on")
     v.add_argument("--max-batch", type=int, default=16, help="sequences in the running batch (KV rows)")
     v.add_argument("--max-waiting", type=int, default=64, help="waiting-queue bound; beyond it: 429")
-    v.add_argument("--request-timeout", type=float, default=600.0)
-    v.add_argument("--served-model-name", default=None)
+    v.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request gets a 504")
+    v.add_argument("--served-model-name", default=None, help="the model name clients send (default: 'default' or the path)")
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
-    b.add_argument("--model", default="default")
+    b.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
     b.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated drafter specs name[:option=value]... (k = draft length or node budget); "
                         "plain decoding always runs")
-    b.add_argument("--groups", default="all", help="all or comma-separated Spec-Bench groups")
-    b.add_argument("--per-group", type=int, default=5)
-    b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--prompts", default=None, help="a JSONL file of prompts instead of Spec-Bench")
+    b.add_argument("--groups", default="all", help="all, or comma-separated groups (Spec-Bench's, or the "
+                   "categories of --prompts)")
+    b.add_argument("--per-group", type=int, default=5, help="prompts per group (the first ones, in file order)")
+    b.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    b.add_argument("--prompts", default=None, help="a JSONL file of prompts ({prompt or turns, category}) instead "
+                   "of Spec-Bench; its categories are the groups")
     b.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,2,4,8,16")
     b.add_argument("--concurrency-prompts", type=int, default=None, help="prompts per level above 1 (default all)")
     b.add_argument("--peers", default="", help="comma-separated: transformers, llama.cpp")
@@ -90,21 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-k", type=int, default=4, help="draft length of the peers' prompt lookup")
     b.add_argument("--cost-tokens", default="1,2,4,8,16", help="tokens per row for the cost curve ('' to skip)")
     b.add_argument("--cost-batches", default="1,4,16", help="batch sizes for the cost curve")
-    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--endpoint", default=None, help="benchmark a running OpenAI-compatible server instead")
     b.add_argument("--endpoint-model", default="default", help="model name to send to --endpoint")
-    b.add_argument("--out", default="results/bench")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--kernels", default="auto")
-    b.add_argument("--attention", default="auto")
+    b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
+    b.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    b.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch")
+    b.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa")
     f = sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, overhead)")
-    f.add_argument("--model", default="default")
+    f.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
     f.add_argument("--runtimes", default="auto", help="comma-separated kernels settings to compare, e.g. fbgemm,native")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
-    f.add_argument("--batch", type=int, default=1)
+    f.add_argument("--batch", type=int, default=1, help="rows in each profiled pass")
     f.add_argument("--context", type=int, default=256, help="cached positions before the pass")
-    f.add_argument("--reps", type=int, default=20)
+    f.add_argument("--reps", type=int, default=20, help="passes timed per shape")
     f.add_argument("--cost-batches", default="", help="also measure the cost curve (passes of --tokens per row) "
                    "at these batch sizes, e.g. 1,4,16")
     f.add_argument("--json", default=None, help="also write the rows to this JSON file")
@@ -119,7 +123,6 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from specserve.bench.datasets import GROUPS
     from specserve.bench.report import render_report
     from specserve.bench.runner import BenchConfig, run_bench
     from specserve.models.loader import RuntimeOptions, resolve_model_path
@@ -128,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecserveError("--per-group and --max-tokens must be >= 1")
     if not args.endpoint:
         resolve_model_path(args.model)
-    groups = list(GROUPS) if args.groups == "all" else [g.strip() for g in args.groups.split(",") if g.strip()]
+    groups = None if args.groups == "all" else [g.strip() for g in args.groups.split(",") if g.strip()]
     cfg = BenchConfig(methods=args.methods.split(","), groups=groups, per_group=args.per_group,
                       max_tokens=args.max_tokens, out=args.out, model=args.model, prompts_file=args.prompts,
                       concurrency=_ints(args.concurrency, "--concurrency"),
@@ -180,13 +183,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _drafter_specs(args: argparse.Namespace) -> list:
     """The drafter specs the command line names (parsed and checked: no model is loaded yet)."""
     from specserve.drafters import DrafterSpec
+    from specserve.drafters.registry import parse_num_draft
 
     texts = args.drafter if isinstance(args.drafter, list) else [args.drafter or "ngram"]
     specs = [DrafterSpec.parse(t) for t in (texts or ["ngram"])]
     if args.num_draft is not None:
-        if args.num_draft < 0:
-            raise SpecserveError(f"--num-draft must be >= 0, got {args.num_draft}")
-        specs[0] = DrafterSpec(specs[0].name, specs[0].options, args.num_draft, specs[0].text)
+        k = parse_num_draft(args.num_draft, "--num-draft")
+        specs[0] = DrafterSpec(specs[0].name, specs[0].options, k, specs[0].text)
     return specs
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from specserve.control import AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
@@ -38,7 +39,7 @@ class Request:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     drafter: str = "none"
-    num_draft: int = 0                 # draft length; for tree drafters the node budget
+    num_draft: int | str = 0           # draft length (tree drafters: node budget), or "auto": the controller's
     eos_ids: frozenset[int] = frozenset()
     stop_fn: Callable[[list[int]], bool] | None = None   # True when generated tokens hit a stop string
 
@@ -66,6 +67,16 @@ class Sequence:
         return self.tokens[len(self.request.prompt):]
 
 
+@dataclass
+class StepReport:
+    """What one step did, for metrics: the controller's prediction against the measured pass."""
+    sequences: int
+    nodes: list[int]              # nodes verified per sequence
+    auto: list[bool]              # whether each sequence's draft size was chosen by the controller
+    predicted_s: float | None     # the cost model's prediction for the pass (None: no auto request)
+    measured_s: float             # the pass and verification, measured
+
+
 class Engine:
     def __init__(self, target: LoadedModel, drafters: dict[str, Drafter], max_batch: int = 16,
                  max_len: int | None = None):
@@ -84,6 +95,18 @@ class Engine:
         self._running: list[Sequence] = []
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
+        self.max_batch = max_batch
+        self.cost: CostModel | None = None            # calibrated when the first auto request arrives
+        self.acceptance = AcceptanceModel()
+        self._probes: dict[int, ProbeState] = {}
+        self.last_step: StepReport | None = None
+
+    def calibrate(self) -> CostModel:
+        """Measure the cost model now (a few seconds; done anyway before the first auto request)."""
+        if self.cost is None:
+            top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
+            self.cost = calibrate(self.model, max_tokens=min(self.max_batch * (top + 1), 128))
+        return self.cost
 
     # ------------------------------------------------------------------ what the scheduler may use
     def check(self, req: Request) -> None:
@@ -98,8 +121,10 @@ class Engine:
         if req.drafter not in self.drafters:
             raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(self.drafters)}",
                                  "drafter")
-        if not 0 <= req.num_draft <= MAX_DRAFT:
-            raise SpecserveError(f"num_draft must be in [0, {MAX_DRAFT}], got {req.num_draft}", "num_draft")
+        if req.num_draft != AUTO and (isinstance(req.num_draft, bool) or not isinstance(req.num_draft, int)
+                                      or not 0 <= req.num_draft <= MAX_DRAFT):
+            raise SpecserveError(f"num_draft must be 'auto' or in [0, {MAX_DRAFT}], got {req.num_draft!r}",
+                                 "num_draft")
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in req.prompt):
             raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")
@@ -133,6 +158,8 @@ class Engine:
         self.check(req)
         if not self._free_rows:
             raise RuntimeError("no free batch slot; check has_capacity first")
+        if req.num_draft == AUTO:
+            self.calibrate()
         seq_id = next(self._ids)
         drafter = self.drafters[req.drafter]
         drafter.begin(seq_id, req.prompt, req.sampling, req.max_tokens)
@@ -140,7 +167,8 @@ class Engine:
         if not req.sampling.greedy:
             gen = torch.Generator(device=self.model.device)
             gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else int(torch.randint(2**62, (1,))))
-        stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt))
+        stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt),
+                             auto=req.num_draft == AUTO)
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self._free_rows.pop(0), list(req.prompt), gen, stats, time.perf_counter())
         t0 = time.perf_counter()
@@ -186,22 +214,30 @@ class Engine:
         seqs = list(self._running)
         if not seqs:
             return []
+        auto = {s.seq_id: s.request.num_draft == AUTO for s in seqs}
 
-        # 1. draft: each drafter proposes a chain or a tree within its sequence's node budget
+        # 1. draft: each drafter proposes a chain or a tree within its sequence's node budget (for
+        #    auto requests, an upper bound from the controller)
         t0 = time.perf_counter()
         proposals = self._draft(seqs)
+        # 2. size: over the whole batch, keep the auto drafts' nodes that maximise tokens per second
+        probed = {s.seq_id for s in seqs if auto[s.seq_id] and self._probe(s.seq_id).due()}
+        predicted = self._size(seqs, proposals, auto, probed) if any(auto.values()) else None
         t_draft = time.perf_counter() - t0
 
-        # 2. one ragged target pass: the pending token and every node, for all sequences
+        # 3. one ragged target pass: the pending token and every kept node, for all sequences
         t0 = time.perf_counter()
+        lengths = [len(proposals[s.seq_id]) + 1 for s in seqs]
+        contexts = [self.cache.lengths[s.row] for s in seqs]
         out, offsets = self._target_pass(seqs, proposals)
+        t_pass = time.perf_counter() - t0
 
-        # 3. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+        # 4. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
         outcomes = verify_rows(seqs, proposals, out.logits, offsets)
         t_verify = time.perf_counter() - t0
 
-        # 4. commit accepted tokens (a stop inside the run ends it there), 5. compact and roll back
-        #    the KV cache, 6. feed back to the drafters
+        # 5. commit accepted tokens (a stop inside the run ends it there), 6. compact and roll back
+        #    the KV cache, 7. feed back to the drafters and to the controller's models
         done = []
         for i, s in enumerate(seqs):
             o, prop = outcomes[s.seq_id], proposals[s.seq_id]
@@ -209,15 +245,24 @@ class Engine:
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.cache.compact(s.row, old_len, kept)
             self.cache.truncate(s.row, old_len + len(kept))
-            s.stats.record_step(len(prop), max(prop.depths(), default=0), len(o.path))
+            depth = max(prop.depths(), default=0)
+            s.stats.record_step(len(prop), depth, len(o.path))
             drafter = self.drafters[s.request.drafter]
             feats = {layer: out.features[layer][[offsets[i] + j for j in kept]] for layer in drafter.feature_layers}
             drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats))
+            self._learn(s, prop, depth, len(o.path), auto[s.seq_id], s.seq_id in probed)
             self._commit(s, o.tokens)
             s.stats.draft_s += t_draft
             s.stats.verify_s += t_verify
+            if predicted is not None:
+                s.stats.step_predicted_s.append(predicted)
+                s.stats.step_measured_s.append(t_pass)
             if s.finish_reason is not None:
                 done.append(s.seq_id)
+        if self.cost is not None:
+            self.cost.observe(lengths, contexts, t_pass)
+        self.last_step = StepReport(len(seqs), [n - 1 for n in lengths], [auto[s.seq_id] for s in seqs],
+                                    predicted, t_pass)
         for s in seqs:
             if s.finish_reason is not None:
                 self._retire(s)
@@ -234,13 +279,58 @@ class Engine:
             reqs = []
             for s in group:
                 depth = max(0, s.request.max_tokens - len(s.generated) - 1)   # never draft past max_tokens
-                budget = s.request.num_draft if depth else 0
+                budget = self._budget(s, seqs, depth) if depth else 0
                 reqs.append(DraftRequest(s.seq_id, s.tokens, budget, s.request.sampling, depth))
             for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
                 prop = prop.truncated(r.k, r.max_depth)
                 prop.check(vocab)
                 out[s.seq_id] = prop
         return out
+
+    # ------------------------------------------------------------------ adaptive draft sizes
+    def _probe(self, seq_id: int) -> ProbeState:
+        return self._probes.setdefault(seq_id, ProbeState())
+
+    def _budget(self, s: Sequence, seqs: list[Sequence], depth: int) -> int:
+        """The node budget to ask the drafter for: a fixed request's own; for auto, the drafter's
+        largest if its nodes carry confidences (the controller trims them after), else the chain
+        length that maximises this sequence's predicted rate beside the others' pending tokens."""
+        k, drafter = s.request.num_draft, self.drafters[s.request.drafter]
+        if k != AUTO:
+            return k
+        top = min(drafter.max_auto_draft, MAX_DRAFT)
+        if drafter.confidence or not top:
+            return top
+        gains = self.acceptance.chain_gains(s.request.drafter, s.seq_id, min(top, depth))
+        others = [1] * (len(seqs) - 1)
+        contexts = [self.cache.lengths[x.row] for x in seqs if x is not s] + [self.cache.lengths[s.row]]
+        rates = [(len(seqs) + sum(gains[:n])) / self.cost.predict(others + [1 + n], contexts)
+                 for n in range(len(gains) + 1)]
+        best = max(range(len(rates)), key=lambda n: (rates[n], -n))
+        return max(best, 1 if self._probe(s.seq_id).due() else 0)
+
+    def _size(self, seqs: list[Sequence], proposals: dict[int, DraftProposal], auto: dict[int, bool],
+              probed: set[int]) -> float:
+        """Trim the auto proposals to the nodes the controller keeps; returns the predicted pass time."""
+        cands = []
+        for s in seqs:
+            prop = proposals[s.seq_id]
+            gains = self.acceptance.node_gains(s.request.drafter, s.seq_id, prop.depths(), prop.confidence)
+            cands.append(Candidate(s.seq_id, self.cache.lengths[s.row], gains, prop.parent_list(),
+                                   fixed=not auto[s.seq_id], probe=s.seq_id in probed))
+        keep, predicted = choose(cands, self.cost)
+        for s in seqs:
+            if auto[s.seq_id]:
+                proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
+        return predicted
+
+    def _learn(self, s: Sequence, prop: DraftProposal, depth: int, accepted: int, auto: bool, probed: bool) -> None:
+        """Fold a verified draft into the acceptance model and the sequence's probe state."""
+        if len(prop):
+            conf = sum(prop.confidence) if prop.confidence is not None else None
+            self.acceptance.observe(s.request.drafter, s.seq_id, depth, accepted, conf)
+        if auto:
+            self._probe(s.seq_id).update(len(prop), accepted, probed)
 
     def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal]):
         """One ragged pass: sequence b contributes [pending token] + its node tokens, nothing padded;
@@ -277,6 +367,8 @@ class Engine:
                 break
 
     def _retire(self, s: Sequence) -> None:
+        self.acceptance.forget(s.seq_id)
+        self._probes.pop(s.seq_id, None)
         s.stats.generated_tokens = len(s.generated)
         s.stats.total_s = time.perf_counter() - s.arrival
         self.drafters[s.request.drafter].end(s.seq_id)

@@ -81,8 +81,9 @@ class LLM:
         return self.tokenizer.encode_chat(prompt)
 
     def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str = "none",
-                num_draft: int | None = None, stop: list[str] | None = None) -> Request:
-        """An engine request; ``num_draft`` None means the drafter's configured default (0 stays 0)."""
+                num_draft: int | str | None = None, stop: list[str] | None = None) -> Request:
+        """An engine request; ``num_draft``: a number (0 stays 0), ``"auto"``, or None for the drafter's
+        configured default (``auto`` unless its spec named a number)."""
         if num_draft is None:
             num_draft = self.default_k.get(drafter, 0)
         return Request(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, drafter=drafter,
@@ -96,7 +97,7 @@ class LLM:
         return Completion(text, result.tokens, result.finish_reason, result.stats.to_dict())
 
     def generate(self, prompts: list[str | list[dict]], max_tokens: int = 128,
-                 sampling: SamplingParams | None = None, drafter: str = "none", num_draft: int | None = None,
+                 sampling: SamplingParams | None = None, drafter: str = "none", num_draft: int | str | None = None,
                  stop: list[str] | None = None, raw: bool = False) -> list[Completion]:
         sampling = sampling or SamplingParams()
         reqs = [self.request(self.encode(p, raw), max_tokens, sampling, drafter, num_draft, stop) for p in prompts]

@@ -138,6 +138,8 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.observe_batch(self.engine.num_running)
             self.engine.step()
+            if self.metrics is not None and self.engine.last_step is not None:
+                self.metrics.observe_step(self.engine.last_step)
         # 4. publish new tokens and results
         for h in list(self.active.values()):
             self._publish(h)

@@ -20,6 +20,9 @@ class RequestStats:
     verify_s: float = 0.0             # target passes (prefill included) and verification
     total_s: float = 0.0              # arrival -> last token
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
+    auto: bool = False                # draft sizes chosen by the controller
+    step_predicted_s: list[float] = field(default_factory=list)     # auto steps: the cost model's prediction
+    step_measured_s: list[float] = field(default_factory=list)      # ... and the measured target pass
 
     def record_step(self, nodes: int, depth: int, accepted: int) -> None:
         """Count one verification pass over a draft of ``nodes`` nodes reaching ``depth`` (a chain
@@ -86,5 +89,7 @@ class RequestStats:
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "ttft_s": self.ttft_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
             "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,
-            "token_times_s": list(self.token_times),
+            "token_times_s": list(self.token_times), "auto": self.auto,
+            "spec_off_steps": sum(1 for n in self.nodes_per_step if n == 0),
+            "step_predicted_s": list(self.step_predicted_s), "step_measured_s": list(self.step_measured_s),
         }

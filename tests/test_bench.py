@@ -49,7 +49,29 @@ def test_speedups_two_definitions():
 def test_method_parsing():
     m = Method.parse("oracle:alpha=0.8:k=6")
     assert (m.drafter, m.k, m.options) == ("oracle", 6, {"alpha": 0.8})
-    assert Method.parse("none").k == 0 and Method.parse("ngram").k == 4
+    assert Method.parse("none").k == 0 and Method.parse("ngram").k == "auto" and Method.parse("ngram:k=auto").k == "auto"
+    assert Method.parse("ngram:k=0").k == 0
+
+
+def test_draft_sizes_by_hand():
+    from specserve.bench.metrics import draft_sizes
+    recs = [{"nodes_per_step": [0, 2, 2], "step_predicted_s": [0.01, 0.02], "step_measured_s": [0.01, 0.03]},
+            {"nodes_per_step": [0, 1]}]
+    d = draft_sizes(recs)
+    assert d["nodes_histogram"] == {0: 2, 1: 1, 2: 2} and d["off_share"] == pytest.approx(0.4)
+    assert d["measured_over_predicted_p50"] == pytest.approx(1.25)
+
+
+def test_prompt_file_categories_are_the_groups(tmp_path):
+    from specserve.bench.datasets import sample
+    from specserve.errors import SpecserveError
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps({"id": f"x-{i}", "category": c, "prompt": f"p{i}"})
+                           for i, c in enumerate(["code", "chat", "code", "code", "chat"])))
+    prompts, groups = sample(2, None, str(f))
+    assert groups == ["code", "chat"] and [p.id for p in prompts] == ["x-0", "x-2", "x-1", "x-4"]
+    with pytest.raises(SpecserveError, match="choose from all, code, chat"):
+        sample(2, ["qa"], str(f))
 
 
 @pytest.mark.slow

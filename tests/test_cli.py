@@ -12,7 +12,8 @@ CLI = [sys.executable, "-m", "specserve.cli"]
 @pytest.mark.parametrize("args,msg", [
     (["generate", "--prompt", ""], "empty prompt"),
     (["generate", "--prompt", "hi", "--model", "/no/such/model"], "does not exist"),
-    (["generate", "--prompt", "hi", "--num-draft", "-2"], "--num-draft must be >= 0"),
+    (["generate", "--prompt", "hi", "--num-draft", "-2"], "--num-draft takes 'auto' or an integer >= 0"),
+    (["generate", "--prompt", "hi", "--num-draft", "lots"], "--num-draft takes 'auto' or an integer >= 0"),
     (["generate", "--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["generate", "--prompt", "hi", "--top-p", "1.01"], "top_p must be in (0, 1]"),
@@ -21,7 +22,7 @@ CLI = [sys.executable, "-m", "specserve.cli"]
     (["generate", "--prompt", "hi", "--drafter", "draft-model:model=/no/such.gguf"], "does not exist"),
     (["generate", "--prompt", "hi", "--drafter", "ngram:max_n=x"], "takes int"),
     (["generate", "--prompt", "hi", "--drafter", "ngram:alpha=1"], "takes no option 'alpha'"),
-    (["generate", "--prompt", "hi", "--drafter", "ngram-tree:k=-1"], "k must be >= 0"),
+    (["generate", "--prompt", "hi", "--drafter", "ngram-tree:k=-1"], "takes 'auto' or an integer >= 0"),
     (["generate", "--prompt", "hi", "--max-tokens", "x"], "invalid int value"),
     (["generate"], "required"),
 ])

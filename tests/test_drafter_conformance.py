@@ -41,7 +41,7 @@ def test_every_registered_drafter_is_covered():
 @pytest.mark.parametrize("name", sorted(CONFORMANCE))
 def test_declared_options(name, target):
     cls = drafter_class(name)
-    assert cls.default_num_draft >= 0 and isinstance(cls.tree, bool)
+    assert cls.max_auto_draft >= 0 and isinstance(cls.tree, bool) and isinstance(cls.confidence, bool)
     for opt in cls.options:
         assert isinstance(opt, Option) and opt.type in (int, float, str) and opt.help
         assert opt.required or isinstance(opt.default, opt.type)

@@ -14,7 +14,7 @@ GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "r
 
 @dataclass(frozen=True)
 class Prompt:
-    id: int
+    id: int | str
     category: str
     group: str
     text: str          # the first user turn
@@ -43,15 +43,22 @@ def load_jsonl(path: str | None = None) -> list[Prompt]:
             turn = rec["turns"][0] if "turns" in rec else rec["prompt"]
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SpecserveError(f"{path or 'spec_bench'} line {i + 1}: need a JSON object with 'turns' or 'prompt'") from None
-        cat = rec.get("category", "custom")
-        out.append(Prompt(int(rec.get("question_id", rec.get("id", i))), cat, group_of(cat), str(turn)))
+        cat = str(rec.get("category", "custom"))
+        pid = rec.get("question_id", rec.get("id", i))
+        out.append(Prompt(pid if isinstance(pid, (int, str)) else i, cat,
+                          group_of(cat) if path is None else cat, str(turn)))
     return out
 
 
-def spec_bench_sample(per_group: int, groups: tuple[str, ...] = GROUPS) -> list[Prompt]:
-    """The first ``per_group`` prompts of each group, in Spec-Bench order (deterministic)."""
-    prompts = load_jsonl()
-    out = []
-    for g in groups:
-        out.extend([p for p in prompts if p.group == g][:per_group])
-    return out
+def sample(per_group: int, groups: list[str] | None = None, path: str | None = None) -> tuple[list[Prompt], list[str]]:
+    """The first ``per_group`` prompts of each group, in file order, and the groups (Spec-Bench's six
+    by default; a prompt file's own categories, in order of first appearance, when ``path`` is given).
+    ``groups`` None means all of them; an unknown group is refused, naming the ones there are."""
+    prompts = load_jsonl(path)
+    present = list(dict.fromkeys(p.group for p in prompts)) if path else list(GROUPS)
+    chosen = present if groups is None else groups
+    bad = [g for g in chosen if g not in present]
+    if bad:
+        raise SpecserveError(f"unknown group {bad[0]!r}; choose from all, {', '.join(present)}")
+    out = [p for g in chosen for p in [q for q in prompts if q.group == g][:per_group]]
+    return out, chosen

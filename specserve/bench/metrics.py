@@ -48,6 +48,20 @@ def mean_accepted_length(recs: list[dict]) -> float:
     return (sum(r["accepted_tokens"] for r in recs) + passes) / passes if passes else math.nan
 
 
+def draft_sizes(recs: list[dict]) -> dict:
+    """The draft sizes chosen, over every verification step: a histogram (nodes -> steps), the
+    share of steps with no draft (speculation off), and for auto requests the cost model's
+    prediction against the measured pass (median and p90 of measured / predicted)."""
+    hist: dict[int, int] = {}
+    for r in recs:
+        for n in r["nodes_per_step"]:
+            hist[n] = hist.get(n, 0) + 1
+    steps = sum(hist.values())
+    ratios = [m / p for r in recs for p, m in zip(r.get("step_predicted_s", []), r.get("step_measured_s", [])) if p > 0]
+    return {"nodes_histogram": dict(sorted(hist.items())), "off_share": hist.get(0, 0) / steps if steps else math.nan,
+            "measured_over_predicted_p50": percentile(ratios, 50), "measured_over_predicted_p90": percentile(ratios, 90)}
+
+
 def speedups(method: list[dict], baseline: list[dict]) -> dict[str, float]:
     """Speed-up against the baseline on the same prompts, two ways.
 
@@ -83,6 +97,7 @@ def summarize(recs: list[dict]) -> dict:
         "mean_accepted_length": mean_accepted_length(recs),
         "acceptance_by_depth": acceptance_by_depth(recs),
         "mean_nodes_per_step": mean_nodes_per_step(recs),
+        "draft_sizes": draft_sizes(recs),
         "share_draft": sum(r["draft_s"] for r in recs) / total if total else math.nan,
         "share_verify": sum(r["verify_s"] for r in recs) / total if total else math.nan,
     }

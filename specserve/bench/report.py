@@ -32,6 +32,17 @@ def render_report(doc: dict) -> str:
                      f"{o['mean_accepted_length']:.2f} | {o['mean_nodes_per_step']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
                      f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
                      f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | {o['divergent_prompts']}/{o['requests']} |")
+    lines += ["", "## Draft sizes chosen (nodes per verification step; auto: the controller's choice)", "",
+              "| method | steps with no draft | nodes per step: steps | measured / predicted pass time p50 (p90) |",
+              "|---|---|---|---|"]
+    for label, s in doc["summary"].items():
+        d = s["overall"].get("draft_sizes")
+        if not d:
+            continue
+        hist = " ".join(f"{n}:{c}" for n, c in d["nodes_histogram"].items())
+        ratio = (f"{d['measured_over_predicted_p50']:.2f} ({d['measured_over_predicted_p90']:.2f})"
+                 if d["measured_over_predicted_p50"] == d["measured_over_predicted_p50"] else "-")
+        lines.append(f"| {label} | {d['off_share'] * 100:.0f}% | {hist} | {ratio} |")
     groups = cfg["groups"]
     lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length / nodes per step", "",
               "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from specserve.bench.datasets import GROUPS, Prompt, load_jsonl, spec_bench_sample
+from specserve.bench.datasets import sample
 from specserve.bench.metrics import speedups, summarize
 from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
@@ -28,7 +28,7 @@ class Method:
     """One engine configuration: a drafter spec ``name[:option=value]...[:k=N]`` (see
     ``specserve.drafters.registry``); ``k`` defaults to the drafter's own draft length."""
     drafter: str
-    k: int = 0
+    k: int | str = 0                            # a number, or "auto"
     options: dict = field(default_factory=dict)
     label: str = ""
 
@@ -41,7 +41,7 @@ class Method:
 @dataclass
 class BenchConfig:
     methods: list[str]
-    groups: list[str]
+    groups: list[str] | None                    # None: all (Spec-Bench's six, or a prompt file's categories)
     per_group: int = 5
     max_tokens: int = 128
     out: str = "results/bench"
@@ -87,13 +87,9 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     if not any(m.drafter == "none" for m in methods):
         methods.insert(0, Method("none", 0, {}, "none"))
     methods.sort(key=lambda m: m.drafter != "none")
-    bad = [g for g in cfg.groups if g not in GROUPS]
-    if bad:
-        raise SpecserveError(f"unknown group {bad[0]!r}; choose from all, {', '.join(GROUPS)}")
+    prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
     if any(c < 1 for c in cfg.concurrency):
         raise SpecserveError("concurrency levels must be >= 1")
-    prompts: list[Prompt] = (load_jsonl(cfg.prompts_file)[: cfg.per_group * len(cfg.groups)] if cfg.prompts_file
-                             else spec_bench_sample(cfg.per_group, tuple(cfg.groups)))
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
               max_batch=1, max_len=4096)
     target = llm.target
@@ -227,8 +223,7 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
     from specserve.bench.endpoint import bench_endpoint
     from specserve.bench.report import render_endpoint_report
 
-    prompts = (load_jsonl(cfg.prompts_file)[: cfg.per_group * len(cfg.groups)] if cfg.prompts_file
-               else spec_bench_sample(cfg.per_group, tuple(cfg.groups)))
+    prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
     texts = [p.text for p in prompts][: cfg.concurrency_prompts or len(prompts)]
     variants = [(m.label, {"speculative": {"drafter": m.drafter, "num_draft": m.k}}) for m in map(Method.parse, methods)] \
         or [("default", {})]

@@ -19,9 +19,11 @@ share one q; siblings drawn *without replacement* carry q renormalised over the 
 before them.  Verification (``specserve.verify``) is exact in both cases.  ``probs=None`` means
 every node is deterministic (one-hot q), as for n-gram lookup.
 
-Options: each drafter declares its options (``Option``: name, type, default, help) and its
-``default_num_draft``; the registry builds drafters from them and the command line, the server and
-the benchmark read them from there, with no per-drafter code of their own.
+Options: each drafter declares its options (``Option``: name, type, default, help) and the largest
+draft the adaptive controller may give it (``max_auto_draft``); the registry builds drafters from
+them and the command line, the server and the benchmark read them from there, with no per-drafter
+code of their own.  A request's draft length is ``auto`` (chosen every step by the controller,
+``specserve.control``) unless it names a number, which then means exactly that number.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ class DraftProposal:
                              None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
                              [self.confidence[i] for i in keep] if self.confidence is not None else None)
 
+    def subset(self, keep: list[int]) -> "DraftProposal":
+        """The nodes ``keep`` (ascending; each kept node's parent kept too), re-indexed."""
+        if len(keep) == len(self):
+            return self
+        parents = self.parent_list()
+        new_index = {old: new for new, old in enumerate(keep)}
+        return DraftProposal([self.tokens[i] for i in keep],
+                             self.probs[keep] if self.probs is not None and keep else None,
+                             None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
+                             [self.confidence[i] for i in keep] if self.confidence is not None else None)
+
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
         n = len(self.tokens)
@@ -147,7 +160,9 @@ class Drafter(ABC):
     name: ClassVar[str] = ""
     synthetic: ClassVar[bool] = False        # True when outputs are a study, not a real drafter
     tree: ClassVar[bool] = False             # proposes trees (num_draft is then a node budget)
-    default_num_draft: ClassVar[int] = 4     # the draft length (node budget) when a request names none
+    max_auto_draft: ClassVar[int] = 8        # the largest draft (node budget) ``auto`` may choose
+    confidence: ClassVar[bool] = False       # proposals carry per-node confidence: under ``auto`` the drafter
+                                             # is asked for its largest draft and the controller trims it
     preload: ClassVar[bool] = False          # cheap and option-free: a server loads it for requests to name
     options: ClassVar[tuple[Option, ...]] = ()
     feature_layers: tuple[int, ...] = ()     # target layers whose features ``feedback`` should carry

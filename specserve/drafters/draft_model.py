@@ -37,7 +37,7 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 @register("draft-model")
 class DraftModelDrafter(Drafter):
-    default_num_draft = 4
+    max_auto_draft = 8
     options = (Option("model", str, help="the draft model: a GGUF file or a Hugging Face directory",
                       check=resolve_model_path),)
 

@@ -36,7 +36,7 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
 
 @register("ngram")
 class NgramDrafter(Drafter):
-    default_num_draft = 4
+    max_auto_draft = 8
     preload = True
     options = (Option("min_n", int, 1, "shortest suffix to look up"),
                Option("max_n", int, 4, "longest suffix to look up (tried first)"))

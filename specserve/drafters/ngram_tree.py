@@ -148,7 +148,8 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
 @register("ngram-tree")
 class NgramTreeDrafter(Drafter):
     tree = True
-    default_num_draft = 6
+    max_auto_draft = 16
+    confidence = True
     preload = True
     options = (Option("min_n", int, 1, "shortest suffix to look up"),
                Option("max_n", int, 8, "longest suffix to look up (longer matches are trusted more)"),

@@ -10,7 +10,7 @@ from specserve.drafters.registry import register
 
 @register("none")
 class NoDrafter(Drafter):
-    default_num_draft = 0
+    max_auto_draft = 0
     preload = True
 
     def __init__(self, target: Any = None):

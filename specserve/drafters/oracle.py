@@ -35,7 +35,7 @@ def greedy_continuation(target: LoadedModel, prompt: list[int], n: int) -> list[
 @register("oracle")
 class OracleDrafter(Drafter):
     synthetic = True
-    default_num_draft = 4
+    max_auto_draft = 8
     options = (Option("alpha", float, 0.8, "probability of proposing the target's own next token"),
                Option("seed", int, 0, "seed of the right/wrong draws"))
 

@@ -15,6 +15,20 @@ from specserve.drafters.base import Drafter, Option
 from specserve.errors import SpecserveError
 
 _REGISTRY: dict[str, type[Drafter]] = {}
+AUTO = "auto"
+
+
+def parse_num_draft(value, what: str = "num_draft") -> int | str:
+    """``auto`` or an integer >= 0 (the draft length, or node budget for tree drafters)."""
+    if value == AUTO:
+        return AUTO
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise SpecserveError(f"{what} takes 'auto' or an integer >= 0, got {value!r}", "num_draft") from None
+    if k < 0 or isinstance(value, float) and value != k:
+        raise SpecserveError(f"{what} takes 'auto' or an integer >= 0, got {value!r}", "num_draft")
+    return k
 
 
 def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
@@ -87,7 +101,7 @@ class DrafterSpec:
     """``name[:option=value]...[:k=N]``: a drafter, its options and (optionally) its draft length."""
     name: str
     options: dict = field(default_factory=dict)
-    num_draft: int | None = None          # None: the drafter's default_num_draft
+    num_draft: int | str | None = None    # a number, "auto", or None: auto (for ``none``: 0)
     text: str = ""
 
     @classmethod
@@ -101,12 +115,7 @@ class DrafterSpec:
             if not sep or not key:
                 raise SpecserveError(f"drafter spec {text!r}: expected option=value, got {part!r}", "drafter")
             if key == "k":
-                try:
-                    k = int(val)
-                except ValueError:
-                    raise SpecserveError(f"drafter spec {text!r}: k takes an integer, got {val!r}", "num_draft") from None
-                if k < 0:
-                    raise SpecserveError(f"drafter spec {text!r}: k must be >= 0", "num_draft")
+                k = parse_num_draft(val, f"drafter spec {text!r}: k")
             else:
                 opts[key] = val
         resolved = resolve_options(name, opts)    # refuse bad options now, before anything is loaded
@@ -117,9 +126,11 @@ class DrafterSpec:
         return self.text or self.name
 
     @property
-    def k(self) -> int:
-        """The draft length to use: the spec's, else the drafter's default (0 for ``none``)."""
-        return self.num_draft if self.num_draft is not None else drafter_class(self.name).default_num_draft
+    def k(self) -> int | str:
+        """The draft length to use: the spec's, else ``auto`` (0 for a drafter that never drafts)."""
+        if self.num_draft is not None:
+            return self.num_draft
+        return AUTO if drafter_class(self.name).max_auto_draft else 0
 
     def build(self, target: Any) -> Drafter:
         return create(self.name, target, **self.options)

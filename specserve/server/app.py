@@ -65,6 +65,8 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        if any(k == "auto" for k in llm.default_k.values()):
+            llm.engine.calibrate()            # the cost model, before the first request needs it
         scheduler.start()
         yield
         scheduler.stop()

@@ -6,6 +6,8 @@ import threading
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+DRAFT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+RATIO_BUCKETS = (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
 class Histogram:
@@ -45,6 +47,12 @@ class Metrics:
                               LATENCY_BUCKETS)
         self.e2e = Histogram("specserve_e2e_request_latency_seconds", "End-to-end request latency", LATENCY_BUCKETS)
         self.batch = Histogram("specserve_batch_size", "Sequences per engine step", BATCH_BUCKETS)
+        self.draft = Histogram("specserve_spec_auto_draft_nodes", "Draft nodes the controller kept per auto "
+                               "sequence and step (0: speculation off)", DRAFT_BUCKETS)
+        self.step_ratio = Histogram("specserve_step_time_measured_over_predicted",
+                                    "Measured target pass time over the cost model's prediction", RATIO_BUCKETS)
+        self.auto_steps = 0
+        self.auto_off = 0
         self.gauges = lambda: {}
 
     def count_outcome(self, outcome: str) -> None:
@@ -54,6 +62,17 @@ class Metrics:
     def observe_batch(self, size: int) -> None:
         with self._lock:
             self.batch.observe(size)
+
+    def observe_step(self, report) -> None:
+        """An engine ``StepReport``: the controller's choices and its prediction against the pass."""
+        with self._lock:
+            for nodes, auto in zip(report.nodes, report.auto):
+                if auto:
+                    self.draft.observe(nodes)
+                    self.auto_steps += 1
+                    self.auto_off += nodes == 0
+            if report.predicted_s:
+                self.step_ratio.observe(report.measured_s / report.predicted_s)
 
     def observe_result(self, result, queue_s: float = 0.0) -> None:
         s = result.stats
@@ -82,8 +101,13 @@ class Metrics:
             lines += ["# TYPE specserve_prompt_tokens_total counter", f"specserve_prompt_tokens_total {self.prompt_tokens}",
                       "# TYPE specserve_generation_tokens_total counter",
                       f"specserve_generation_tokens_total {self.generation_tokens}"]
-            for h in (self.ttft, self.tpot, self.e2e, self.batch):
+            for h in (self.ttft, self.tpot, self.e2e, self.batch, self.draft, self.step_ratio):
                 lines += h.render()
+            lines += ["# HELP specserve_spec_auto_steps_total Sequence-steps whose draft size the controller chose",
+                      "# TYPE specserve_spec_auto_steps_total counter", f"specserve_spec_auto_steps_total {self.auto_steps}",
+                      "# HELP specserve_spec_auto_off_steps_total Of those, the ones with speculation off (0 nodes)",
+                      "# TYPE specserve_spec_auto_off_steps_total counter",
+                      f"specserve_spec_auto_off_steps_total {self.auto_off}"]
             lines += ["# HELP specserve_spec_drafted_steps_total Verification steps whose draft reached this depth",
                       "# TYPE specserve_spec_drafted_steps_total counter"]
             lines += [f'specserve_spec_drafted_steps_total{{depth="{i + 1}"}} {d}' for i, d in enumerate(self.drafted)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -14,7 +14,8 @@ class Speculative(BaseModel):
     """Extension: per-request speculation."""
     model_config = ConfigDict(extra="forbid", strict=True)
     drafter: str = Field(default=None, min_length=1, max_length=64)
-    num_draft: int | None = Field(default=None, ge=0, le=MAX_DRAFT)   # draft length; tree drafters: node budget
+    # draft length (tree drafters: node budget) or "auto"; absent: the drafter's configured default
+    num_draft: Annotated[int, Field(ge=0, le=MAX_DRAFT)] | Literal["auto"] | None = None
 
 
 class StreamOptions(BaseModel):

@@ -1,0 +1,118 @@
+"""The adaptive controller: its pure pieces by hand, and its decisions through the engine on tiny models."""
+
+import pytest
+
+from conftest import tiny_model
+from specserve.control import AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
+from specserve.drafters import create
+from specserve.engine import Engine, Request
+
+FLAT = CostModel([1, 64], [0.010, 0.0101], 0.0)            # extra tokens nearly free
+STEEP = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # every extra token costs a whole pass
+MODERATE = CostModel([1, 2, 64], [0.010, 0.011, 0.073], 0.0)  # each extra token costs a tenth of a pass
+
+
+def test_cost_model_interpolates_extrapolates_and_learns_contention():
+    cm = CostModel([1, 2, 4], [0.010, 0.012, 0.016], 1e-6, context=64)
+    assert cm.predict([1], [10]) == pytest.approx(0.010)
+    assert cm.predict([2, 1], [10, 10]) == pytest.approx(0.014)                    # 3 tokens: between 2 and 4
+    assert cm.predict([6], [0]) == pytest.approx(0.020)                            # slope of the last segment
+    assert cm.predict([1], [1064]) == pytest.approx(0.010 + 1e-6 * 1001)           # attention beyond the context
+    for _ in range(30):
+        cm.observe([1], [10], 0.030)                                               # the machine became 3x slower
+    assert cm.scale == pytest.approx(3.0, rel=1e-3) and cm.predict([1], [10]) == pytest.approx(0.030, rel=1e-3)
+
+
+def test_choose_by_hand():
+    # flat cost: everything with a positive gain is worth keeping
+    keep, _ = choose([Candidate(0, 10, [0.9, 0.5, 0.1], [-1, 0, 1]), Candidate(1, 10, [0.2], [-1])], FLAT)
+    assert keep == {0: [0, 1, 2], 1: [0]}
+    # steep cost: a node pays only if it is nearly certain
+    keep, predicted = choose([Candidate(0, 10, [0.9, 0.5], [-1, 0]), Candidate(1, 10, [0.3], [-1])], STEEP)
+    assert keep == {0: [], 1: []} and predicted == pytest.approx(0.020)
+    # a child never enters without its parent, even when its own gain is higher
+    keep, _ = choose([Candidate(0, 10, [0.1, 0.9], [-1, 0])], CostModel([1, 2, 3], [0.01, 0.0102, 0.0104], 0.0))
+    assert keep[0] in ([], [0, 1])
+    # fixed drafts are kept whole; probes keep their first node whatever it pays
+    keep, _ = choose([Candidate(0, 10, [0.0, 0.0], [-1, 0], fixed=True), Candidate(1, 10, [0.0, 0.0], [-1, 0], probe=True)],
+                     STEEP)
+    assert keep == {0: [0, 1], 1: [0]}
+
+
+def test_acceptance_model_learns_and_shares_a_prior():
+    am = AcceptanceModel()
+    assert am.chain_gains("d", 1, 2) == pytest.approx([0.5, 0.25])                # the uninformed start
+    for _ in range(40):
+        am.observe("d", 1, reached=3, accepted=3, predicted=None)
+    assert am.chain_gains("d", 1, 3)[-1] > 0.9
+    assert am.chain_gains("d", 2, 1)[0] > 0.8                                      # a new sequence, same drafter
+    for _ in range(40):
+        am.observe("d", 1, reached=3, accepted=0, predicted=None)
+    assert am.chain_gains("d", 1, 1)[0] < 0.1
+    for _ in range(40):                                                            # confidences twice too high
+        am.observe("t", 5, reached=2, accepted=1, predicted=2.0)
+    assert am.calibration("t", 5) == pytest.approx(0.5, abs=0.05)
+    assert am.node_gains("t", 5, [1, 2], [0.8, 0.4]) == pytest.approx([0.4, 0.2], abs=0.05)
+
+
+def test_probe_backoff():
+    p = ProbeState()
+    for _ in range(8):
+        p.update(kept=0, accepted=0, probed=False)
+    assert p.due()
+    p.update(kept=1, accepted=0, probed=True)                                      # a failed probe: wait longer
+    assert p.gap == 16 and not p.due()
+    p.update(kept=1, accepted=1, probed=True)
+    assert p.gap == 8
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=21, vocab=64, layers=2)
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [10, 20, 30, 40, 50, 60, 10, 20] * 3, [9, 8, 7, 6, 5, 4]]
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=160)
+    return [eng.generate([Request(p, 60)])[0].tokens for p in PROMPTS]
+
+
+def run(target, name, drafter, cost, prompts, n=60, batch=1):
+    eng = Engine(target, {name: drafter}, max_batch=batch, max_len=160)
+    eng.cost = cost
+    return eng.generate([Request(p, n, drafter=name, num_draft=AUTO) for p in prompts])
+
+
+def test_auto_picks_zero_when_nothing_is_accepted(target, plain):
+    """An oracle that is always wrong: after the first rejections only probes draft, and rarely."""
+    outs = run(target, "o", create("oracle", target, alpha=0.0), MODERATE, PROMPTS[:1])
+    nodes = outs[0].stats.nodes_per_step
+    assert outs[0].tokens == plain[0]
+    assert sum(n > 0 for n in nodes[10:]) <= len(nodes[10:]) // 6 + 1            # probes only
+
+
+def test_auto_picks_the_longest_draft_when_everything_is_accepted_and_cheap(target, plain):
+    outs = run(target, "o", create("oracle", target, alpha=1.0), FLAT, PROMPTS[:1])
+    s = outs[0].stats
+    assert outs[0].tokens == plain[0]
+    top = create("oracle", target).max_auto_draft
+    assert max(s.nodes_per_step) == top and sorted(s.nodes_per_step)[len(s.nodes_per_step) // 2] == top
+
+
+def test_auto_picks_zero_when_passes_are_expensive(target, plain):
+    outs = run(target, "o", create("oracle", target, alpha=0.8), STEEP, PROMPTS[:1])
+    assert outs[0].tokens == plain[0]
+    nodes = outs[0].stats.nodes_per_step
+    assert sum(n > 0 for n in nodes) <= len(nodes) // 6 + 1
+
+
+@pytest.mark.parametrize("name,opts", [("ngram", {}), ("ngram-tree", {}), ("draft-model", None), ("oracle", {"alpha": 0.5})])
+def test_auto_never_changes_greedy_output(target, plain, name, opts):
+    """auto on a calibrated cost model, alone and batched: the output is plain decoding's."""
+    opts = {"model": tiny_model(seed=5, vocab=64, layers=1)} if opts is None else opts
+    cost = calibrate(target.model, max_tokens=32)
+    outs = run(target, name, create(name, target, **opts), cost, PROMPTS, batch=2)
+    assert [o.tokens for o in outs] == plain
