@@ -53,14 +53,19 @@ class CostModel:
         slope = (self.seconds[-1] - self.seconds[-2]) / max(self.tokens[-1] - self.tokens[-2], 1)
         return self.seconds[-1] + slope * (m - self.tokens[-1])
 
-    def predict(self, lengths: list[int], contexts: list[int]) -> float:
-        """Seconds of a ragged pass: lengths[b] tokens of a sequence holding contexts[b] positions."""
+    def raw(self, lengths: list[int], contexts: list[int]) -> float:
+        """Seconds of a ragged pass on the machine as calibrated: lengths[b] tokens of a sequence
+        holding contexts[b] positions."""
         keys = sum(n * max(c + n - self.context, 0) for n, c in zip(lengths, contexts))
-        return self.scale * (self.base(sum(lengths)) + self.per_key * keys)
+        return self.base(sum(lengths)) + self.per_key * keys
+
+    def predict(self, lengths: list[int], contexts: list[int]) -> float:
+        """``raw`` times the online correction: the machine as it has been lately."""
+        return self.scale * self.raw(lengths, contexts)
 
     def observe(self, lengths: list[int], contexts: list[int], seconds: float, weight: float = 0.2) -> None:
         """Fold a measured pass time into the correction factor."""
-        raw = self.predict(lengths, contexts) / self.scale
+        raw = self.raw(lengths, contexts)
         if raw > 0 and seconds > 0:
             ratio = min(max(seconds / raw, 0.1), 20.0)
             self.scale = (1 - weight) * self.scale + weight * ratio if self.observed else ratio
@@ -274,3 +279,48 @@ class ProbeState:
                 self.gap = 8 if accepted else min(self.gap * 2, max_gap)
         else:
             self.idle += 1
+
+
+# ------------------------------------------------------------------------------------- threads
+class ThreadGovernor:
+    """How many compute threads the runtime should use, from measured pass times.
+
+    On a machine shared with other busy programs, threads that must meet at every kernel run at the
+    pace of the one whose core is taken: two threads can then be three times slower than one.  The
+    governor keeps, for each thread count, a decayed average of measured over calibrated pass time,
+    uses the count with the lowest, and now and then runs one step with the other count to notice
+    when the machine changed (rarely when the other was much worse, since each such step costs).
+    Threads never change the numerics (see the native kernels), only the speed.
+    """
+
+    def __init__(self, choices: tuple[int, ...], explore_every: int = 24, weight: float = 0.3):
+        self.choices, self.explore_every, self.weight = choices, explore_every, weight
+        self.ratio: dict[int, float | None] = {n: None for n in choices}
+        self.current = choices[0]
+        self.steps = 0
+        self.switches = 0
+
+    def next(self) -> int:
+        """The thread count for the next step."""
+        self.steps += 1
+        others = [n for n in self.choices if n != self.current]
+        if not others:
+            return self.current
+        other = min(others, key=lambda n: self.ratio[n] if self.ratio[n] is not None else 0.0)
+        mine, theirs = self.ratio[self.current], self.ratio[other]
+        gap = 1.0 if theirs is None or not mine else theirs / mine
+        every = self.explore_every * (4 if gap > 1.4 else 1)            # a much worse option: look rarely
+        return other if self.steps % every == 0 else self.current
+
+    def observe(self, threads: int, ratio: float) -> None:
+        """A step ran with ``threads`` and took ``ratio`` times its calibrated time."""
+        if threads not in self.ratio or ratio <= 0:
+            return
+        old = self.ratio[threads]
+        w = self.weight if threads == self.current else 1.0      # a rare look at the other: take it as is
+        self.ratio[threads] = ratio if old is None else (1 - w) * old + w * ratio
+        known = {n: r for n, r in self.ratio.items() if r is not None}
+        best = min(known, key=known.get)
+        if best != self.current and known[best] < known[self.current] * 0.9:
+            self.current = best
+            self.switches += 1

@@ -16,13 +16,15 @@ chain) and sets the row's length to ``L + 1 + a``: entries past it are dead and 
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from specserve.control import AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
+from specserve.control import (AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, ThreadGovernor, calibrate,
+                               choose)
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
@@ -31,6 +33,7 @@ from specserve.stats import RequestStats
 from specserve.step_verify import StepOutcome, verify_rows
 
 MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
+SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
@@ -100,6 +103,14 @@ class Engine:
         self.acceptance = AcceptanceModel()
         self._probes: dict[int, ProbeState] = {}
         self.last_step: StepReport | None = None
+        # Python hands its lock between threads every 5 ms by default: a busy thread elsewhere in the
+        # process would then hold the engine's thread up to 5 ms at each handoff (every torch call
+        # releases the lock).  Unless the user chose an interval, use 0.2 ms.
+        if sys.getswitchinterval() >= 0.005:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        choices = self.model.thread_choices()
+        self.threads = ThreadGovernor(choices) if len(choices) > 1 else None   # needs the cost model too
+        self._threads_set = 0
 
     def calibrate(self) -> CostModel:
         """Measure the cost model now (a few seconds; done anyway before the first auto request)."""
@@ -225,12 +236,16 @@ class Engine:
         predicted = self._size(seqs, proposals, auto, probed) if any(auto.values()) else None
         t_draft = time.perf_counter() - t0
 
-        # 3. one ragged target pass: the pending token and every kept node, for all sequences
+        # 3. one ragged target pass: the pending token and every kept node, for all sequences (on the
+        #    number of threads the governor picks: threads change the speed, never the bits)
+        threads = self._pick_threads()
         t0 = time.perf_counter()
         lengths = [len(proposals[s.seq_id]) + 1 for s in seqs]
         contexts = [self.cache.lengths[s.row] for s in seqs]
         out, offsets = self._target_pass(seqs, proposals)
         t_pass = time.perf_counter() - t0
+        if threads:
+            self.threads.observe(threads, t_pass / self.cost.raw(lengths, contexts))
 
         # 4. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
         outcomes = verify_rows(seqs, proposals, out.logits, offsets)
@@ -287,7 +302,17 @@ class Engine:
                 out[s.seq_id] = prop
         return out
 
-    # ------------------------------------------------------------------ adaptive draft sizes
+    # ------------------------------------------------------------------ adaptive draft sizes and threads
+    def _pick_threads(self) -> int:
+        """The governor's thread count for this step (0: the runtime cannot switch)."""
+        if self.threads is None:
+            return 0
+        self.calibrate()
+        n = self.threads.next()
+        if n != self._threads_set:
+            self._threads_set = self.model.set_threads(n)
+        return n
+
     def _probe(self, seq_id: int) -> ProbeState:
         return self._probes.setdefault(seq_id, ProbeState())
 

@@ -105,6 +105,13 @@ class Decoder(Protocol):
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time every part of later passes into ``timer`` (None: stop timing)."""
 
+    def thread_choices(self) -> tuple[int, ...]:
+        """Compute thread counts this runtime can switch between without changing its numerics
+        (empty: it cannot)."""
+
+    def set_threads(self, n: int) -> int:
+        """Use ``n`` compute threads for later passes (one of ``thread_choices``); returns it."""
+
 
 def tree_depths(parents: Tensor) -> Tensor:
     """Depth of every token: parents [B, T] (-1 for roots, parents[b, t] < t) -> [B, T] int64.

@@ -165,6 +165,13 @@ class Transformer(nn.Module):
         per = 2 if self.kernel == "fbgemm" else torch.empty(0, dtype=self.dtype).element_size()
         return self.config.num_params * per
 
+    def thread_choices(self) -> tuple[int, ...]:
+        """None: torch's GEMMs may round differently with another thread count."""
+        return ()
+
+    def set_threads(self, n: int) -> int:
+        raise ValueError("the torch runtimes keep torch's thread count (their numerics may depend on it)")
+
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part, through forward hooks on the modules (None: remove them)."""
         for handle in getattr(self, "_timer_hooks", []):

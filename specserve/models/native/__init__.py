@@ -1,4 +1,4 @@
-"""Native CPU kernels (``simd.h``, ``linear.cpp``, ``layer_ops.cpp``): built on first use with the system C++ compiler, loaded
+"""Native CPU kernels (``simd.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``): built on first use with the system C++ compiler, loaded
 with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
 
 No torch headers and no ninja are needed: the library exports plain C functions over raw pointers.
@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.cpp", HERE / "layer_ops.cpp"]
+SOURCES = [HERE / "linear.cpp", HERE / "layer_ops.cpp", HERE / "forward.cpp"]
 HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -102,6 +102,10 @@ def library() -> ctypes.CDLL:
         "ss_silu_mul": ([p, i64, i64, p], None),
         "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
         "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, p], None),
+        "ss_set_threads": ([i32], i32),
+        "ss_layer_fields": ([], i32),
+        "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, p, p, p,
+                        p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, p], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

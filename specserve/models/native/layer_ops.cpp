@@ -138,7 +138,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
   const int64_t tasks = first_task[B];
   const int64_t stride = ((C + 15) / 16) * 16;           // score row, room for a full last group
   constexpr int64_t KEY_CHUNK = 64;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads())
   {
     float* s = static_cast<float*>(std::aligned_alloc(64, ATT_QG_MAX * stride * 4));
     float* obuf = static_cast<float*>(std::aligned_alloc(64, ((ATT_QG_MAX * D * 4 + 63) / 64) * 64));

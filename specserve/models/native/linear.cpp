@@ -143,7 +143,7 @@ void linear_tiles(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
                   float* y, bool acc) {
   const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes;
   const int64_t tiles = (N + NB - 1) / NB;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads())
   {
     float* buf = F == F32 ? nullptr : static_cast<float*>(std::aligned_alloc(64, ((NB * K * 4 + 63) / 64) * 64));
 #pragma omp for schedule(static)
@@ -177,7 +177,7 @@ void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
   if (M == 1) {
     constexpr int NB = M1_ROWS;
     const int64_t rb = static_cast<int64_t>(K / Blk<F>::size) * Blk<F>::bytes, tiles = N / NB;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads())
     for (int64_t t = 0; t < tiles; ++t)
       tile<F, 1, NB>(x, K, w + t * NB * rb, rb, y + t * NB, N, bias ? bias + t * NB : nullptr, acc);
     for (int64_t n = tiles * NB; n < N; ++n) tile<F, 1, 1>(x, K, w + n * rb, rb, y + n, N, bias ? bias + n : nullptr, acc);
@@ -193,7 +193,13 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 3; }
+int ss_abi_version() { return 4; }
+
+// Threads for every later kernel call (0: OpenMP's default); returns the number now in use.
+int ss_set_threads(int n) {
+  g_threads = n;
+  return threads();
+}
 
 int64_t ss_row_bytes(int fmt, int64_t K) {
   switch (fmt) {

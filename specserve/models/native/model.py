@@ -98,6 +98,25 @@ class NativeTransformer(nn.Module):
         cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.set_timer(None)
+        # every layer's weights as one table of pointers for ss_layers (the tensors stay referenced
+        # by self.layers, so the pointers stay valid)
+        opt = lambda t: t.data_ptr() if t is not None else 0                    # noqa: E731
+        table = [[layer.attn_norm.data_ptr(), layer.qkv.data.data_ptr(), layer.qkv.fmt, opt(layer.qkv_bias),
+                  opt(layer.q_norm), opt(layer.k_norm), layer.o.data.data_ptr(), layer.o.fmt,
+                  layer.ffn_norm.data_ptr(), layer.gate_up.data.data_ptr(), layer.gate_up.fmt,
+                  layer.down.data.data_ptr(), layer.down.fmt] for layer in self.layers]
+        if len(table[0]) != self.lib.ss_layer_fields():
+            raise RuntimeError("native kernel library and model.py disagree on the layer table")
+        self._weights = torch.tensor(table, dtype=torch.int64)
+
+    def thread_choices(self) -> tuple[int, ...]:
+        """All cores, or one: threads only decide which outputs are computed together, never the bits."""
+        cores = int(self.lib.ss_set_threads(0))
+        return (cores, 1) if cores > 1 else (1,)
+
+    def set_threads(self, n: int) -> int:
+        """Compute threads for later passes (0: the default, one per core); returns the number in use."""
+        return int(self.lib.ss_set_threads(n))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -119,7 +138,8 @@ class NativeTransformer(nn.Module):
 
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part: the kernel calls are rebound to timing wrappers (a hook on
-        this instance; nothing global is touched)."""
+        this instance; nothing global is touched), and passes run their layers from Python, one
+        kernel call at a time (the same calls as ``ss_layers``, so the same bits)."""
         self._timer = timer
         if timer is None:
             self._linear, self._gemm, self._lib = linear, _gemm, self.lib
@@ -178,8 +198,23 @@ class NativeTransformer(nn.Module):
         # a [B, T] chain pass longer than any verification pass is a prompt prefill (see the constant)
         prefill = not ragged and longest > PREFILL_GEMM_MIN_TOKENS and lay.parents is None
         lin = self._gemm if prefill else self._linear
-        lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
         feats: dict[int, Tensor] = {}
+        if not prefill and not last_only and self._timer is None:
+            # the whole pass in one foreign call: the Python lock is taken once (see forward.cpp)
+            wanted = {i: torch.empty(m, hid) for i in features if i <= cfg.num_layers}
+            ptrs = torch.tensor([wanted[i].data_ptr() if i in wanted else 0 for i in range(cfg.num_layers + 1)],
+                                dtype=torch.int64) if wanted else None
+            logits = torch.empty(m, self.lm_head.shape[0])
+            lib.ss_forward(tok.data_ptr(), x.data_ptr(), hbuf.data_ptr(), qkv.data_ptr(), q.data_ptr(), att.data_ptr(),
+                           gu.data_ptr(), act.data_ptr(), cfg.num_layers, m, hid, inter, h, hkv, d,
+                           cache.k_all.shape[1], cap, eps, scale, self.cos.data_ptr(), self.sin.data_ptr(),
+                           rows_t.data_ptr(), start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(),
+                           pos_t.data_ptr(), parent_ptr, bsz, self._weights.data_ptr(), cache.k_all.data_ptr(),
+                           cache.v_all.data_ptr(), self.embed.data.data_ptr(), self.embed.fmt, self.norm.data_ptr(),
+                           self.lm_head.data.data_ptr(), self.lm_head.fmt, self.lm_head.shape[0], logits.data_ptr(),
+                           ptrs.data_ptr() if ptrs is not None else None)
+            return self._output(logits, wanted, ragged, bsz, longest)
+        lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
         for i, layer in enumerate(self.layers):
             if i in features:
                 feats[i] = x.clone()
@@ -209,9 +244,12 @@ class NativeTransformer(nn.Module):
         if last_only:
             out = hbuf.view(bsz, -1, hid)[:, -1].contiguous()
         head = self._gemm if prefill and not last_only else self._linear
-        logits = head(out, self.lm_head)
+        return self._output(head(out, self.lm_head), feats, ragged, bsz, -1 if last_only else longest)
+
+    def _output(self, logits: Tensor, feats: dict[int, Tensor], ragged: bool, bsz: int, t: int) -> ForwardOutput:
+        """Flat [N, ...] results for a ragged pass, [B, T, ...] otherwise."""
         if ragged:
             return ForwardOutput(logits=logits, features=feats)
-        t = longest
-        return ForwardOutput(logits=logits.view(bsz, -1, self.lm_head.shape[0]),
-                             features={k: v.view(bsz, t, hid) for k, v in feats.items()})
+        hid = self.config.hidden_size
+        return ForwardOutput(logits=logits.view(bsz, t, self.lm_head.shape[0]),
+                             features={k: v.view(bsz, -1, hid) for k, v in feats.items()})

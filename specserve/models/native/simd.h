@@ -31,6 +31,11 @@
 
 namespace ss {
 
+// Threads each parallel region uses (0: OpenMP's default).  Threads only decide which output
+// elements are computed together, never how one is computed, so this changes speed, not bits.
+inline int g_threads = 0;
+inline int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
 enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3 };
 
 inline float h2f(const uint8_t* p) {
