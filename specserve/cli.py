@@ -171,6 +171,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if batches:
             curves[lm.options.kernels] = cost_curve(lm, tokens, batches, args.context)
     print(format_profile(rows))
+    from specserve.control import calibrate
+    for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
+        lm = load_model(args.model, RuntimeOptions(kernels=kernels))
+        print(f"\ncost model the engine calibrates (kernels={lm.options.kernels}): a pass of N tokens at "
+              "context 64, and the attention term")
+        print("\n".join(calibrate(lm.model).describe()))
     for kernels, curve in curves.items():
         print(f"\ncost curve, kernels={kernels}, context {args.context}: ms per pass (relative to 1 token)")
         print("\n".join(cost_table(curve)))

@@ -23,10 +23,17 @@ def memory_bandwidth(size_mb: int = 256, reps: int = 5) -> float:
 
 
 def roofline(lm: LoadedModel) -> dict:
+    """What the machine could do at best: the bandwidth ceiling (weights read once per pass) and
+    the multiply-add ceiling (one multiply-add per weight per token, on every core with AVX2+FMA)."""
+    from specserve.models.native import fma_peak, unavailable_reason
+
     bw = memory_bandwidth()
     wb = lm.model.weight_bytes()
+    macs = fma_peak() if unavailable_reason() is None else float("nan")
     return {"parameters": lm.config.num_params, "weight_bytes": wb, "bandwidth_bytes_per_s": bw,
-            "plain_decoding_ceiling_tok_s": bw / wb, "runtime": vars(lm.options)}
+            "plain_decoding_ceiling_tok_s": bw / wb, "multiply_adds_per_s": macs,
+            "compute_ceiling_tok_s": macs / lm.config.num_params,
+            "compute_ms_per_token": 1e3 * lm.config.num_params / macs, "runtime": vars(lm.options)}
 
 
 def heap_tree(n: int) -> torch.Tensor:

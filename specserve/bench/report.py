@@ -17,7 +17,11 @@ def render_report(doc: dict) -> str:
              "## Roofline", "",
              f"{r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
              f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "
-             f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s.", "",
+             f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s."
+             + (f" Measured multiply-add ceiling {r['multiply_adds_per_s'] / 1e9:.1f} G/s (fp32, AVX2+FMA, every core): "
+                f"compute-bound ceiling {r['compute_ceiling_tok_s']:.0f} tok/s, {r['compute_ms_per_token']:.2f} ms per "
+                f"token of a pass at the least." if r.get("multiply_adds_per_s") == r.get("multiply_adds_per_s")
+                and "multiply_adds_per_s" in r else ""), "",
              "## Concurrency 1, all prompts", "",
              "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | mean accepted length "
              "| nodes per step | acceptance by depth | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % "
@@ -52,16 +56,27 @@ def render_report(doc: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if doc.get("concurrency"):
         lines += ["", "## Concurrency (closed loop, batched engine)", "",
-                  "| method | concurrency | requests | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
-                  "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| method | concurrency | requests | req/s | output tok/s | vs plain | TTFT p50/p99 ms | TPOT p50/p99 ms | "
+                  "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length | nodes per step | steps with no draft |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        plain = {c["concurrency"]: c["output_tok_s"] for c in doc["concurrency"] if c["method"] == "none"}
         for c in doc["concurrency"]:
+            vs = c["output_tok_s"] / plain[c["concurrency"]] if plain.get(c["concurrency"]) else float("nan")
+            off = c.get("draft_sizes", {}).get("off_share", float("nan"))
             lines.append(f"| {c['method']} | {c['concurrency']} | {c['requests']} | {c['request_throughput']:.3f} | "
-                         f"{c['output_tok_s']:.1f} | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
+                         f"{c['output_tok_s']:.1f} | {vs:.2f}x | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
                          f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
-                         f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} |")
+                         f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} | "
+                         f"{c.get('mean_nodes_per_step', float('nan')):.2f} | {off * 100:.0f}% |")
     if doc.get("cost_curve"):
         lines += ["", "## Cost of one target pass (ms; in brackets: relative to 1 token at the same batch size)", "",
                   *cost_table(doc["cost_curve"])]
+        ceiling = r.get("compute_ms_per_token")
+        if ceiling == ceiling and ceiling:
+            lines += ["", "Each extra token of a pass against the multiply-add ceiling "
+                      f"({ceiling:.2f} ms per token): " + "; ".join(
+                          f"batch {b}: {ms:.2f} ms ({ms / ceiling:.1f}x the ceiling)"
+                          for b, ms in marginal_token_ms(doc["cost_curve"]).items()) + "."]
     if doc.get("peers"):
         lines += ["", "## Peers (same prompts, greedy)", "",
                   "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
@@ -138,6 +153,17 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
     plt.close(fig)
     return str(path)
+
+
+def marginal_token_ms(curve: list[dict]) -> dict[int, float]:
+    """Per batch size: ms each extra token per row adds to a chain pass (per token of the batch),
+    from the smallest to the largest tokens-per-row measured."""
+    out = {}
+    for b in sorted({c["batch"] for c in curve}):
+        rows = sorted((c["tokens"], c["seconds"]) for c in curve if c["batch"] == b and c.get("shape", "chain") == "chain")
+        if len(rows) > 1 and rows[-1][0] > rows[0][0]:
+            out[b] = 1e3 * (rows[-1][1] - rows[0][1]) / ((rows[-1][0] - rows[0][0]) * b)
+    return out
 
 
 def cost_table(curve: list[dict]) -> list[str]:

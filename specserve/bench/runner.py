@@ -80,7 +80,6 @@ def _checkpoint(doc: dict, out: str) -> None:
 
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     from specserve.bench.costs import cost_curve, roofline
-    from specserve.engine import Engine
     from specserve.llm import LLM
 
     methods = [Method.parse(m) for m in cfg.methods]
@@ -141,25 +140,22 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     doc["concurrency"] = []
     n_conc = cfg.concurrency_prompts or len(prompts)
     for level in sorted(set(cfg.concurrency)):
+        if level == 1:
+            runs = {m.label: (records[m.label][:n_conc], sum(r["total_s"] for r in records[m.label][:n_conc]))
+                    for m in methods}
+        else:
+            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens)
         for m in methods:
-            if level == 1:
-                recs = records[m.label][:n_conc]
-                wall = sum(r["total_s"] for r in recs)
-            else:
-                # the same drafter object (the oracle keeps its look-ahead); Engine re-binds it to the new batch size
-                eng = Engine(target, {m.label: llm.engine.drafters[m.label]}, max_batch=level, max_len=4096)
-                reqs = [llm.request(pid, cfg.max_tokens, greedy, m.label, m.k) for pid in ids[:n_conc]]
-                eng.generate(reqs[:1])                              # warm-up
-                t = time.perf_counter()
-                recs = [r.stats.to_dict() for r in eng.generate(reqs)]
-                wall = time.perf_counter() - t
-                _progress(f"{m.label} @ concurrency {level}", n_conc, n_conc)
+            recs, wall = runs[m.label]
             s = summarize(recs)
             doc["concurrency"].append({"method": m.label, "concurrency": level, "requests": len(recs),
                                        "wall_s": wall, "request_throughput": len(recs) / wall,
                                        "output_tok_s": sum(r["generated_tokens"] for r in recs) / wall,
                                        "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "itl_s": s["itl_s"],
-                                       "e2e_s": s["e2e_s"], "mean_accepted_length": s["mean_accepted_length"]})
+                                       "e2e_s": s["e2e_s"], "mean_accepted_length": s["mean_accepted_length"],
+                                       "mean_nodes_per_step": s["mean_nodes_per_step"],
+                                       "draft_sizes": s["draft_sizes"]})
+        _checkpoint(doc, cfg.out)
 
     _checkpoint(doc, cfg.out)
 
@@ -175,6 +171,35 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     doc["plots"] = write_plots(doc, outdir) if cfg.plots else []
     (outdir / "report.md").write_text(render_report(doc))
     return doc
+
+
+def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int,
+                       max_tokens: int) -> dict[str, tuple[list[dict], float]]:
+    """Every method through an engine of ``level`` rows, closed loop.  The prompts are cut into
+    chunks of at least 2 x level, and the methods take turns chunk by chunk (in a rotated order), so
+    that a slow spell of a shared machine falls on every method alike.  Returns per method its
+    records and the wall seconds of its runs."""
+    from specserve.engine import Engine
+
+    greedy = SamplingParams()
+    # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead), re-bound here
+    engines = {m.label: Engine(llm.target, {m.label: llm.engine.drafters[m.label]}, max_batch=level, max_len=4096)
+               for m in methods}
+    for m in methods:                                              # warm-up, and the cost model
+        engines[m.label].generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
+    chunks = max(1, len(ids) // (2 * level))
+    size = -(-len(ids) // chunks)
+    out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
+    for c in range(chunks):
+        part = ids[c * size: (c + 1) * size]
+        for m in methods[c % len(methods):] + methods[: c % len(methods)]:
+            t = time.perf_counter()
+            recs = [r.stats.to_dict() for r in engines[m.label].generate(
+                [llm.request(pid, max_tokens, greedy, m.label, m.k) for pid in part])]
+            recs_so_far, wall = out[m.label]
+            out[m.label] = (recs_so_far + recs, wall + time.perf_counter() - t)
+        _progress(f"concurrency {level}", c + 1, chunks)
+    return out
 
 
 def run_peers(cfg: BenchConfig, model_path: str, ids: list[list[int]], base: list[dict], tokenizer) -> list[dict]:

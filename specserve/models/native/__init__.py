@@ -103,6 +103,7 @@ def library() -> ctypes.CDLL:
         "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
         "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, p], None),
         "ss_set_threads": ([i32], i32),
+        "ss_fma_peak": ([i64, p], ctypes.c_double),
         "ss_layer_fields": ([], i32),
         "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, p, p, p,
                         p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, p], None),
@@ -170,3 +171,16 @@ def linear(x: torch.Tensor, w: NativeWeight, bias: torch.Tensor | None = None,
     library().ss_linear(x.data_ptr(), m, k, w.data.data_ptr(), w.fmt, n,
                         bias.data_ptr() if bias is not None else None, out.data_ptr(), int(accumulate))
     return out
+
+
+def fma_peak(seconds: float = 0.3) -> float:
+    """The machine's fp32 multiply-add ceiling with AVX2 + FMA on every core, in multiply-adds/s."""
+    lib = library()
+    threads = lib.ss_set_threads(0)
+    sink = torch.zeros(max(threads, 1) * 4)
+    iters = 1 << 16
+    while True:
+        t = lib.ss_fma_peak(iters, sink.data_ptr())
+        if t >= seconds or iters > 1 << 34:
+            return threads * iters * 96 / t
+        iters *= 2

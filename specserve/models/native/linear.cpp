@@ -195,6 +195,26 @@ extern "C" {
 
 int ss_abi_version() { return 4; }
 
+// Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
+// multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32
+// multiply-add ceiling as AVX2 + FMA can reach it.  sink: [threads] (keeps the work observable).
+double ss_fma_peak(int64_t iters, float* sink) {
+  const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads())
+  {
+    __m256 a[12];
+    for (int r = 0; r < 12; ++r) a[r] = _mm256_set1_ps(1.0f + 0.01f * r);
+    const __m256 m = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(0.0001f);
+    for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+      for (int r = 0; r < 12; ++r) a[r] = _mm256_fmadd_ps(a[r], m, c);
+    __m256 t = a[0];
+    for (int r = 1; r < 12; ++r) t = _mm256_add_ps(t, a[r]);
+    sink[omp_get_thread_num()] = hsum(t);
+  }
+  return omp_get_wtime() - t0;
+}
+
 // Threads for every later kernel call (0: OpenMP's default); returns the number now in use.
 int ss_set_threads(int n) {
   g_threads = n;
