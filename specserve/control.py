@@ -309,7 +309,9 @@ class ThreadGovernor:
         other = min(others, key=lambda n: self.ratio[n] if self.ratio[n] is not None else 0.0)
         mine, theirs = self.ratio[self.current], self.ratio[other]
         gap = 1.0 if theirs is None or not mine else theirs / mine
-        every = self.explore_every * (4 if gap > 1.4 else 1)            # a much worse option: look rarely
+        # a much worse option is looked at rarely, unless it is the default: a machine that became
+        # free again should get all its cores back soon
+        every = self.explore_every * (4 if gap > 1.4 and self.current == self.choices[0] else 1)
         return other if self.steps % every == 0 else self.current
 
     def observe(self, threads: int, ratio: float) -> None:

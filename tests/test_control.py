@@ -116,3 +116,28 @@ def test_auto_never_changes_greedy_output(target, plain, name, opts):
     cost = calibrate(target.model, max_tokens=32)
     outs = run(target, name, create(name, target, **opts), cost, PROMPTS, batch=2)
     assert [o.tokens for o in outs] == plain
+
+
+def test_thread_governor_follows_the_machine():
+    """Simulated pass-time ratios: alone 2 threads are faster (1.0 vs 1.7); beside a busy program
+    2 threads crawl (3.5): the governor moves to 1 thread, and back once the machine is free, and
+    alone it spends few steps trying the slower count."""
+    from specserve.control import ThreadGovernor
+    gov = ThreadGovernor((2, 1))
+    machine = {2: 1.0, 1: 1.7}
+
+    def run(steps):
+        used = []
+        for _ in range(steps):
+            n = gov.next()
+            gov.observe(n, machine[n])
+            used.append(n)
+        return used
+    used = run(400)
+    assert gov.current == 2 and used.count(1) <= 400 // 90 + 2              # alone: rare looks at 1 thread
+    machine[2] = 3.5                                                          # a busy program appears
+    used = run(200)
+    assert gov.current == 1 and used[-100:].count(2) <= 100 // 20            # on 1 thread, looking back now and then
+    machine[2] = 1.0                                                          # ... and goes away
+    used = run(60)
+    assert gov.current == 2 and used[-10:] == [2] * 10

@@ -5,7 +5,8 @@ import pytest
 
 from specserve.bench.replay import accepted_path, replay
 from specserve.drafters import DraftProposal, create
-from specserve.drafters.ngram_tree import find_matches, ngram_tree_propose, reliability
+from specserve.drafters.ngram import reliability
+from specserve.drafters.ngram_tree import find_matches, ngram_tree_propose
 
 A, B, X, Y, DOT = 1, 2, 3, 4, 5
 

@@ -14,12 +14,22 @@ from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
+# the reliability curve fitted for ngram-tree (probability that a copied token is right after an
+# m-token match: 1 - (1 - BASE) * GROWTH ** (m - 1))
+BASE, GROWTH = 0.3, 0.8
 
-def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier match of the last n tokens.
+
+def reliability(m: np.ndarray | int, base: float, growth: float) -> np.ndarray | float:
+    """Probability that a copied token is right when the text before it matches over m tokens:
+    ``1 - (1 - base) * growth ** (m - 1)``, rising from ``base`` at m = 1 towards 1."""
+    return 1.0 - (1.0 - base) * growth ** (np.asarray(m) - 1)
+
+
+def ngram_match(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[list[int], int]:
+    """Up to k tokens that followed the most recent earlier match of the last n tokens, and n.
 
     tokens: [L] int array, the whole sequence.  Longer n-grams are tried first.
-    Example: tokens [a b c d a b], n=2 -> suffix [a b] matched at 0 -> propose [c d a b][:k].
+    Example: tokens [a b c d a b], n=2 -> suffix [a b] matched at 0 -> propose [c d a b][:k], n = 2.
     """
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
@@ -30,13 +40,19 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
             start = int(hits[-1]) + n                     # first token after the most recent match
             follow = tokens[start: start + k]
             if follow.size:
-                return follow.tolist()
-    return []
+                return follow.tolist(), n
+    return [], 0
+
+
+def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
+    """The tokens of ``ngram_match``."""
+    return ngram_match(tokens, min_n, max_n, k)[0]
 
 
 @register("ngram")
 class NgramDrafter(Drafter):
     max_auto_draft = 8
+    confidence = True
     preload = True
     options = (Option("min_n", int, 1, "shortest suffix to look up"),
                Option("max_n", int, 4, "longest suffix to look up (tried first)"))
@@ -47,5 +63,12 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        return [DraftProposal(ngram_propose(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n,
-                                            min(r.k, r.max_depth)) if r.k > 0 else []) for r in requests]
+        out = []
+        for r in requests:
+            tokens, n = ngram_match(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n, min(r.k, r.max_depth)) \
+                if r.k > 0 else ([], 0)
+            # confidence of the d-th token: every copy up to it right, each copy as reliable as its
+            # match is long (the match grows by one with every right copy; see ngram_tree)
+            conf = np.cumprod(reliability(np.arange(n, n + len(tokens)), BASE, GROWTH)).tolist() if tokens else None
+            out.append(DraftProposal(tokens, confidence=conf))
+        return out

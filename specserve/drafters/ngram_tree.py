@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
+from specserve.drafters.ngram import reliability
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
@@ -52,12 +53,6 @@ def find_matches(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[np.ndarray
             break
     keep = lengths >= min_n
     return ends[keep], lengths[keep]
-
-
-def reliability(m: np.ndarray | int, base: float, growth: float) -> np.ndarray | float:
-    """Probability that a copied token is right when the text before it matches over m tokens:
-    ``1 - (1 - base) * growth ** (m - 1)``, rising from ``base`` at m = 1 towards 1."""
-    return 1.0 - (1.0 - base) * growth ** (np.asarray(m) - 1)
 
 
 @dataclass
