@@ -23,14 +23,14 @@ from typing import Callable
 
 import torch
 
-from specserve.control import (AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, ThreadGovernor, calibrate,
-                               choose)
+from specserve.control import AUTO, CostModel
+from specserve.sizing import Sizer, Slot
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
 from specserve.sampling import SamplingParams, sample
 from specserve.stats import RequestStats
-from specserve.step_verify import StepOutcome, verify_rows
+from specserve.step_verify import verify_rows
 
 MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
 SWITCH_INTERVAL_S = 0.0002
@@ -98,26 +98,17 @@ class Engine:
         self._running: list[Sequence] = []
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
-        self.max_batch = max_batch
-        self.cost: CostModel | None = None            # calibrated when the first auto request arrives
-        self.acceptance = AcceptanceModel()
-        self._probes: dict[int, ProbeState] = {}
+        self.sizer = Sizer(self.model, self.drafters, max_batch, MAX_DRAFT)    # auto draft sizes, threads
         self.last_step: StepReport | None = None
         # Python hands its lock between threads every 5 ms by default: a busy thread elsewhere in the
         # process would then hold the engine's thread up to 5 ms at each handoff (every torch call
         # releases the lock).  Unless the user chose an interval, use 0.2 ms.
         if sys.getswitchinterval() >= 0.005:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        choices = self.model.thread_choices()
-        self.threads = ThreadGovernor(choices) if len(choices) > 1 else None   # needs the cost model too
-        self._threads_set = 0
 
     def calibrate(self) -> CostModel:
         """Measure the cost model now (a few seconds; done anyway before the first auto request)."""
-        if self.cost is None:
-            top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
-            self.cost = calibrate(self.model, max_tokens=min(self.max_batch * (top + 1), 128))
-        return self.cost
+        return self.sizer.calibrate()
 
     # ------------------------------------------------------------------ what the scheduler may use
     def check(self, req: Request) -> None:
@@ -225,27 +216,28 @@ class Engine:
         seqs = list(self._running)
         if not seqs:
             return []
-        auto = {s.seq_id: s.request.num_draft == AUTO for s in seqs}
+        slots = {s.seq_id: Slot(s.seq_id, s.request.drafter, s.request.num_draft, self.cache.lengths[s.row])
+                 for s in seqs}
+        auto = any(x.num_draft == AUTO for x in slots.values())
 
         # 1. draft: each drafter proposes a chain or a tree within its sequence's node budget (for
         #    auto requests, an upper bound from the controller)
         t0 = time.perf_counter()
-        proposals = self._draft(seqs)
+        proposals = self._draft(seqs, slots)
         # 2. size: over the whole batch, keep the auto drafts' nodes that maximise tokens per second
-        probed = {s.seq_id for s in seqs if auto[s.seq_id] and self._probe(s.seq_id).due()}
-        predicted = self._size(seqs, proposals, auto, probed) if any(auto.values()) else None
+        probed = {i for i, x in slots.items() if x.num_draft == AUTO and self.sizer.probe(i).due()}
+        predicted = self.sizer.size(list(slots.values()), proposals, probed) if auto else None
         t_draft = time.perf_counter() - t0
 
         # 3. one ragged target pass: the pending token and every kept node, for all sequences (on the
         #    number of threads the governor picks: threads change the speed, never the bits)
-        threads = self._pick_threads()
+        threads = self.sizer.pick_threads()
         t0 = time.perf_counter()
         lengths = [len(proposals[s.seq_id]) + 1 for s in seqs]
         contexts = [self.cache.lengths[s.row] for s in seqs]
         out, offsets = self._target_pass(seqs, proposals)
         t_pass = time.perf_counter() - t0
-        if threads:
-            self.threads.observe(threads, t_pass / self.cost.raw(lengths, contexts))
+        self.sizer.observe_pass(threads, lengths, contexts, t_pass)
 
         # 4. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
         outcomes = verify_rows(seqs, proposals, out.logits, offsets)
@@ -265,7 +257,7 @@ class Engine:
             drafter = self.drafters[s.request.drafter]
             feats = {layer: out.features[layer][[offsets[i] + j for j in kept]] for layer in drafter.feature_layers}
             drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats))
-            self._learn(s, prop, depth, len(o.path), auto[s.seq_id], s.seq_id in probed)
+            self.sizer.learn(slots[s.seq_id], prop, depth, len(o.path), s.seq_id in probed)
             self._commit(s, o.tokens)
             s.stats.draft_s += t_draft
             s.stats.verify_s += t_verify
@@ -274,16 +266,14 @@ class Engine:
                 s.stats.step_measured_s.append(t_pass)
             if s.finish_reason is not None:
                 done.append(s.seq_id)
-        if self.cost is not None:
-            self.cost.observe(lengths, contexts, t_pass)
-        self.last_step = StepReport(len(seqs), [n - 1 for n in lengths], [auto[s.seq_id] for s in seqs],
-                                    predicted, t_pass)
+        self.last_step = StepReport(len(seqs), [n - 1 for n in lengths],
+                                    [slots[s.seq_id].num_draft == AUTO for s in seqs], predicted, t_pass)
         for s in seqs:
             if s.finish_reason is not None:
                 self._retire(s)
         return done
 
-    def _draft(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
+    def _draft(self, seqs: list[Sequence], slots: dict[int, Slot]) -> dict[int, DraftProposal]:
         """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
         out: dict[int, DraftProposal] = {}
         by_drafter: dict[str, list[Sequence]] = {}
@@ -294,68 +284,14 @@ class Engine:
             reqs = []
             for s in group:
                 depth = max(0, s.request.max_tokens - len(s.generated) - 1)   # never draft past max_tokens
-                budget = self._budget(s, seqs, depth) if depth else 0
+                others = [slots[x.seq_id] for x in seqs if x is not s]
+                budget = self.sizer.budget(slots[s.seq_id], others, depth) if depth else 0
                 reqs.append(DraftRequest(s.seq_id, s.tokens, budget, s.request.sampling, depth))
             for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
                 prop = prop.truncated(r.k, r.max_depth)
                 prop.check(vocab)
                 out[s.seq_id] = prop
         return out
-
-    # ------------------------------------------------------------------ adaptive draft sizes and threads
-    def _pick_threads(self) -> int:
-        """The governor's thread count for this step (0: the runtime cannot switch)."""
-        if self.threads is None:
-            return 0
-        self.calibrate()
-        n = self.threads.next()
-        if n != self._threads_set:
-            self._threads_set = self.model.set_threads(n)
-        return n
-
-    def _probe(self, seq_id: int) -> ProbeState:
-        return self._probes.setdefault(seq_id, ProbeState())
-
-    def _budget(self, s: Sequence, seqs: list[Sequence], depth: int) -> int:
-        """The node budget to ask the drafter for: a fixed request's own; for auto, the drafter's
-        largest if its nodes carry confidences (the controller trims them after), else the chain
-        length that maximises this sequence's predicted rate beside the others' pending tokens."""
-        k, drafter = s.request.num_draft, self.drafters[s.request.drafter]
-        if k != AUTO:
-            return k
-        top = min(drafter.max_auto_draft, MAX_DRAFT)
-        if drafter.confidence or not top:
-            return top
-        gains = self.acceptance.chain_gains(s.request.drafter, s.seq_id, min(top, depth))
-        others = [1] * (len(seqs) - 1)
-        contexts = [self.cache.lengths[x.row] for x in seqs if x is not s] + [self.cache.lengths[s.row]]
-        rates = [(len(seqs) + sum(gains[:n])) / self.cost.predict(others + [1 + n], contexts)
-                 for n in range(len(gains) + 1)]
-        best = max(range(len(rates)), key=lambda n: (rates[n], -n))
-        return max(best, 1 if self._probe(s.seq_id).due() else 0)
-
-    def _size(self, seqs: list[Sequence], proposals: dict[int, DraftProposal], auto: dict[int, bool],
-              probed: set[int]) -> float:
-        """Trim the auto proposals to the nodes the controller keeps; returns the predicted pass time."""
-        cands = []
-        for s in seqs:
-            prop = proposals[s.seq_id]
-            gains = self.acceptance.node_gains(s.request.drafter, s.seq_id, prop.depths(), prop.confidence)
-            cands.append(Candidate(s.seq_id, self.cache.lengths[s.row], gains, prop.parent_list(),
-                                   fixed=not auto[s.seq_id], probe=s.seq_id in probed))
-        keep, predicted = choose(cands, self.cost)
-        for s in seqs:
-            if auto[s.seq_id]:
-                proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
-        return predicted
-
-    def _learn(self, s: Sequence, prop: DraftProposal, depth: int, accepted: int, auto: bool, probed: bool) -> None:
-        """Fold a verified draft into the acceptance model and the sequence's probe state."""
-        if len(prop):
-            conf = sum(prop.confidence) if prop.confidence is not None else None
-            self.acceptance.observe(s.request.drafter, s.seq_id, depth, accepted, conf)
-        if auto:
-            self._probe(s.seq_id).update(len(prop), accepted, probed)
 
     def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal]):
         """One ragged pass: sequence b contributes [pending token] + its node tokens, nothing padded;
@@ -392,8 +328,7 @@ class Engine:
                 break
 
     def _retire(self, s: Sequence) -> None:
-        self.acceptance.forget(s.seq_id)
-        self._probes.pop(s.seq_id, None)
+        self.sizer.forget(s.seq_id)
         s.stats.generated_tokens = len(s.generated)
         s.stats.total_s = time.perf_counter() - s.arrival
         self.drafters[s.request.drafter].end(s.seq_id)

@@ -82,7 +82,7 @@ def plain(target):
 
 def run(target, name, drafter, cost, prompts, n=60, batch=1):
     eng = Engine(target, {name: drafter}, max_batch=batch, max_len=160)
-    eng.cost = cost
+    eng.sizer.cost = cost
     return eng.generate([Request(p, n, drafter=name, num_draft=AUTO) for p in prompts])
 
 
