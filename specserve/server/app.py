@@ -84,7 +84,8 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", []) if x != "body"]
+        # the field path, without pydantic's union-member tags such as "constrained-int" or "literal['auto']"
+        loc = [str(x) for x in first.get("loc", []) if x != "body" and (isinstance(x, int) or str(x).isidentifier())]
         param = ".".join(loc) or None
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
