@@ -1,5 +1,6 @@
 """Plain decoding alone and beside one busy thread (another process spinning on one core), for
-specserve and, when llama-cpp-python is installed, llama.cpp: 128 greedy tokens, tokens per second.
+specserve (with its thread governor, and with the governor off) and, when llama-cpp-python is
+installed, llama.cpp: 128 greedy tokens, tokens per second (median of --runs).
 
     .venv/bin/python scripts/contention.py --runs 3
 """
@@ -36,7 +37,17 @@ def main() -> None:
         r = llm.engine.generate([llm.request(ids, args.tokens, SamplingParams(), "none", 0)])[0]
         return len(r.tokens) / (time.perf_counter() - t)
 
-    runners = {"specserve": ours}
+    def ours_fixed() -> float:
+        """The same with the thread governor off: all cores at every pass."""
+        sizer = llm.engine.sizer
+        governor, sizer.threads = sizer.threads, None
+        llm.engine.model.set_threads(0)
+        try:
+            return ours()
+        finally:
+            sizer.threads, sizer._threads_set = governor, 0     # the governor sets its count again
+
+    runners = {"specserve": ours, "specserve, governor off (all cores)": ours_fixed}
     try:
         from llama_cpp import Llama
         cpp = Llama(llm.target.path, n_ctx=1024, verbose=False)

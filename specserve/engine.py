@@ -225,7 +225,7 @@ class Engine:
         t0 = time.perf_counter()
         proposals = self._draft(seqs, slots)
         # 2. size: over the whole batch, keep the auto drafts' nodes that maximise tokens per second
-        probed = {i for i, x in slots.items() if x.num_draft == AUTO and self.sizer.probe(i).due()}
+        probed = {i for i, x in slots.items() if x.num_draft == AUTO and self.sizer.probe(x).due()}
         predicted = self.sizer.size(list(slots.values()), proposals, probed) if auto else None
         t_draft = time.perf_counter() - t0
 

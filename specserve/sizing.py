@@ -30,6 +30,7 @@ class Sizer:
         self.cost: CostModel | None = None            # calibrated when first needed
         self.acceptance = AcceptanceModel()
         self.probes: dict[int, ProbeState] = {}
+        self.drafter_gap: dict[str, int] = {}       # a new sequence's first probe gap: its drafter's latest
         choices = model.thread_choices()
         self.threads = ThreadGovernor(choices) if len(choices) > 1 else None
         self._threads_set = 0
@@ -41,8 +42,13 @@ class Sizer:
             self.cost = calibrate(self.model, max_tokens=min(self.max_batch * (top + 1), 128))
         return self.cost
 
-    def probe(self, seq_id: int) -> ProbeState:
-        return self.probes.setdefault(seq_id, ProbeState())
+    def probe(self, s: Slot) -> ProbeState:
+        """The sequence's probe state; a new one waits as long as its drafter's last probe did, so a
+        drafter that keeps failing is not probed afresh by every new request."""
+        state = self.probes.get(s.seq_id)
+        if state is None:
+            state = self.probes[s.seq_id] = ProbeState(gap=self.drafter_gap.get(s.drafter, ProbeState.gap))
+        return state
 
     def forget(self, seq_id: int) -> None:
         self.acceptance.forget(seq_id)
@@ -64,7 +70,7 @@ class Sizer:
         rates = [(n_seqs + sum(gains[:n])) / self.calibrate().predict([1] * len(others) + [1 + n], contexts)
                  for n in range(len(gains) + 1)]
         best = max(range(len(rates)), key=lambda n: (rates[n], -n))
-        return max(best, 1 if self.probe(s.seq_id).due() else 0)
+        return max(best, 1 if self.probe(s).due() else 0)
 
     def size(self, slots: list[Slot], proposals: dict[int, DraftProposal], probed: set[int]) -> float:
         """Trim the auto proposals to the nodes the controller keeps; returns the predicted pass time."""
@@ -86,7 +92,10 @@ class Sizer:
             conf = sum(prop.confidence) if prop.confidence is not None else None
             self.acceptance.observe(s.drafter, s.seq_id, depth, accepted, conf)
         if s.num_draft == AUTO:
-            self.probe(s.seq_id).update(len(prop), accepted, probed)
+            state = self.probe(s)
+            state.update(len(prop), accepted, probed)
+            if probed:
+                self.drafter_gap[s.drafter] = state.gap
 
     def pick_threads(self) -> int:
         """The governor's thread count for this step, set on the runtime (0: it cannot switch)."""

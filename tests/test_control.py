@@ -5,7 +5,9 @@ import pytest
 from conftest import tiny_model
 from specserve.control import AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
 from specserve.drafters import create
+from specserve.drafters.base import DraftProposal
 from specserve.engine import Engine, Request
+from specserve.sizing import Slot
 
 FLAT = CostModel([1, 64], [0.010, 0.0101], 0.0)            # extra tokens nearly free
 STEEP = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # every extra token costs a whole pass
@@ -64,6 +66,20 @@ def test_probe_backoff():
     assert p.gap == 16 and not p.due()
     p.update(kept=1, accepted=1, probed=True)
     assert p.gap == 8
+
+
+def test_a_new_sequence_inherits_its_drafters_probe_gap(target):
+    """After a drafter's probes failed on one request, the next request of that drafter waits as long
+    before its first probe; a successful probe gives the short gap back."""
+    eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
+    eng.sizer.cost = MODERATE
+    eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO)])
+    gap = eng.sizer.drafter_gap["o"]
+    assert gap >= 16                                                               # probes failed and backed off
+    s = Slot(99, "o", AUTO, 10)
+    assert eng.sizer.probe(s).gap == gap and eng.sizer.probe(Slot(98, "other", AUTO, 10)).gap == ProbeState.gap
+    eng.sizer.learn(s, DraftProposal([5], None), 1, 1, probed=True)             # an accepted probe
+    assert eng.sizer.drafter_gap["o"] == ProbeState.gap
 
 
 @pytest.fixture(scope="module")

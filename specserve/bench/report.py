@@ -125,15 +125,7 @@ def write_plots(doc: dict, outdir: Path) -> list[str]:
     paths.append(_save(fig, outdir / "acceptance_by_depth.png"))
 
     if doc.get("concurrency"):
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for label in doc["summary"]:
-            rows = [c for c in doc["concurrency"] if c["method"] == label]
-            a1.plot([c["concurrency"] for c in rows], [c["output_tok_s"] for c in rows], marker="o", label=label)
-            a2.plot([c["concurrency"] for c in rows], [c["e2e_s"]["p50"] for c in rows], marker="o", label=label)
-        a1.set_xlabel("concurrency"), a1.set_ylabel("output tokens/s")
-        a2.set_xlabel("concurrency"), a2.set_ylabel("end-to-end latency p50 (s)")
-        a1.legend(fontsize=8)
-        paths.append(_save(fig, outdir / "concurrency.png"))
+        paths.append(_concurrency_plot(plt, doc, outdir / "concurrency.png"))
 
     if doc.get("cost_curve"):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -145,6 +137,44 @@ def write_plots(doc: dict, outdir: Path) -> list[str]:
         ax.legend(fontsize=8)
         paths.append(_save(fig, outdir / "cost_curve.png"))
     return paths
+
+
+def _family(label: str) -> str:
+    """A method's drafter with its options but without its draft size: 'ngram:k=4' -> 'ngram'."""
+    return ":".join(part for part in label.split(":") if not part.startswith("k="))
+
+
+def _concurrency_plot(plt, doc: dict, path: Path) -> str:
+    """Output tokens/s against concurrency, one panel per drafter: plain decoding (dashed), each
+    fixed draft size and auto, so that each panel answers 'which size wins at this load'."""
+    base = next(iter(doc["summary"]))                     # plain decoding runs first
+    families: dict[str, list[str]] = {}
+    for label in doc["summary"]:
+        if label != base:
+            families.setdefault(_family(label), []).append(label)
+    cols = min(3, max(len(families), 1))
+    rows = -(-max(len(families), 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+
+    def series(label):
+        pts = sorted((c["concurrency"], c["output_tok_s"]) for c in doc["concurrency"] if c["method"] == label)
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    for ax, (family, labels) in zip(axes.flat, families.items()):
+        ax.plot(*series(base), "k--", marker=".", label="plain")
+        for label in labels:
+            ax.plot(*series(label), marker="o", ms=3, label=label[len(family):].lstrip(":") or "auto")
+        ax.set_xscale("log", base=2)
+        levels = sorted({c["concurrency"] for c in doc["concurrency"]})
+        ax.set_xticks(levels, [str(level) for level in levels])
+        ax.set_title(family if len(family) < 40 else family[:37] + "...", fontsize=9)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(families):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> str:

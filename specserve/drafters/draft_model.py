@@ -89,10 +89,14 @@ class DraftModelDrafter(Drafter):
                 continue
             width = max(len(feeds[i]) for i in group)
             toks = torch.tensor([feeds[i] + [0] * (width - len(feeds[i])) for i in group], device=dev)
+            # a long feed (a prompt, or the tokens accepted while no draft was asked for) runs alone
+            # and needs only its last logits: the LM head over every position would cost more than
+            # the rest of the draft model
+            alone = len(group) == 1 and width > QUERY_BLOCK
             logits = model(toks, self.cache, [self.row[reqs[i].seq_id] for i in group],
-                           [starts[i] for i in group]).logits
+                           [starts[i] for i in group], last_only=alone).logits
             for j, i in enumerate(group):
-                out[i] = logits[j, len(feeds[i]) - 1]
+                out[i] = logits[j, -1 if alone else len(feeds[i]) - 1]
         return torch.stack(out)
 
     @torch.inference_mode()
