@@ -78,6 +78,7 @@ class StepReport:
     auto: list[bool]              # whether each sequence's draft size was chosen by the controller
     predicted_s: float | None     # the cost model's prediction for the pass (None: no auto request)
     measured_s: float             # the pass and verification, measured
+    threads: int = 0              # compute threads of the pass (0: the runtime cannot switch)
 
 
 class Engine:
@@ -109,6 +110,13 @@ class Engine:
     def calibrate(self) -> CostModel:
         """Measure the cost model now (a few seconds; done anyway before the first auto request)."""
         return self.sizer.calibrate()
+
+    def release_threads(self) -> bool:
+        """Call from a thread that has run passes (loading, calibration) and will run no more, before
+        another thread runs the engine: ends the calling thread's pool of compute threads, since
+        with more pooled threads than cores every parallel region would wake its workers through the
+        kernel (measured: 65 against 95 tok/s).  Returns whether a pool was ended."""
+        return self.model.release_threads()
 
     # ------------------------------------------------------------------ what the scheduler may use
     def check(self, req: Request) -> None:
@@ -267,7 +275,7 @@ class Engine:
             if s.finish_reason is not None:
                 done.append(s.seq_id)
         self.last_step = StepReport(len(seqs), [n - 1 for n in lengths],
-                                    [slots[s.seq_id].num_draft == AUTO for s in seqs], predicted, t_pass)
+                                    [slots[s.seq_id].num_draft == AUTO for s in seqs], predicted, t_pass, threads)
         for s in seqs:
             if s.finish_reason is not None:
                 self._retire(s)

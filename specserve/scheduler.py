@@ -57,6 +57,10 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
 
     def start(self) -> None:
+        """Hand the engine to the scheduler's thread.  The calling thread (which loaded and
+        calibrated the model) gives up its compute threads, or the engine thread's passes would share
+        the cores with them."""
+        self.engine.release_threads()
         self._thread.start()
 
     def stop(self) -> None:

@@ -58,6 +58,22 @@ def test_linear_rows_are_invariant_to_row_count(fmt):
             assert torch.equal(nt.linear(x[lo:lo + m].contiguous(), w), alone[lo:lo + m])
 
 
+def test_releasing_a_threads_pool_keeps_every_later_result():
+    """A server's main thread gives up its pool of compute threads before the engine thread runs:
+    later kernels, in this thread (a new pool) and in another, give the same bits."""
+    import threading
+    w, _ = make_weight(nt.Q4_1, 130, 256, seed=8)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(9))
+    before = nt.linear(x, w)
+    assert nt.library().ss_release_threads() == 0
+    assert nt.library().ss_release_threads() == 0                                  # nothing left: still fine
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("other", nt.linear(x, w)))
+    t.start()
+    t.join()
+    assert torch.equal(out["other"], before) and torch.equal(nt.linear(x, w), before)
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="multiple of 32"):
         nt.NativeWeight(torch.zeros(4, 20, dtype=torch.uint8), nt.Q4_1, (4, 40))

@@ -122,6 +122,8 @@ def test_tree_drafter_and_default_draft_lengths(server, llm):
     assert zero["speculative_stats"]["drafted_per_depth"] == [] and zero["choices"][0]["text"] == plain
     metrics = httpx.get(server.url + "/metrics").text
     assert 'specserve_spec_accepted_steps_total{depth="1"}' in metrics and "specserve_spec_draft_nodes_total" in metrics
+    if llm.engine.model.thread_choices():                     # a runtime that can change its thread count
+        assert 'specserve_compute_threads_steps_total{threads="' in metrics
 
 
 def test_server_default_draft_length_is_its_own(llm):

@@ -112,6 +112,11 @@ class Decoder(Protocol):
     def set_threads(self, n: int) -> int:
         """Use ``n`` compute threads for later passes (one of ``thread_choices``); returns it."""
 
+    def release_threads(self) -> bool:
+        """End the calling thread's pool of compute threads, for a thread that will run no more
+        passes (a server's main thread after start-up): idle pooled threads of one thread slow the
+        passes another thread runs.  Returns whether a pool was ended."""
+
 
 def tree_depths(parents: Tensor) -> Tensor:
     """Depth of every token: parents [B, T] (-1 for roots, parents[b, t] < t) -> [B, T] int64.

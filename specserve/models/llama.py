@@ -172,6 +172,10 @@ class Transformer(nn.Module):
     def set_threads(self, n: int) -> int:
         raise ValueError("the torch runtimes keep torch's thread count (their numerics may depend on it)")
 
+    def release_threads(self) -> bool:
+        """Nothing to release that torch would let go of: False."""
+        return False
+
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part, through forward hooks on the modules (None: remove them)."""
         for handle in getattr(self, "_timer_hooks", []):

@@ -52,6 +52,7 @@ class Metrics:
         self.step_ratio = Histogram("specserve_step_time_measured_over_predicted",
                                     "Measured target pass time over the cost model's prediction", RATIO_BUCKETS)
         self.auto_steps = 0
+        self.thread_steps: dict[int, int] = {}
         self.auto_off = 0
         self.gauges = lambda: {}
 
@@ -73,6 +74,8 @@ class Metrics:
                     self.auto_off += nodes == 0
             if report.predicted_s:
                 self.step_ratio.observe(report.measured_s / report.predicted_s)
+            if report.threads:
+                self.thread_steps[report.threads] = self.thread_steps.get(report.threads, 0) + 1
 
     def observe_result(self, result, queue_s: float = 0.0) -> None:
         s = result.stats
@@ -108,6 +111,10 @@ class Metrics:
                       "# HELP specserve_spec_auto_off_steps_total Of those, the ones with speculation off (0 nodes)",
                       "# TYPE specserve_spec_auto_off_steps_total counter",
                       f"specserve_spec_auto_off_steps_total {self.auto_off}"]
+            lines += ["# HELP specserve_compute_threads_steps_total Engine steps by the compute threads the "
+                      "governor gave the target pass", "# TYPE specserve_compute_threads_steps_total counter"]
+            lines += [f'specserve_compute_threads_steps_total{{threads="{n}"}} {c}'
+                      for n, c in sorted(self.thread_steps.items())]
             lines += ["# HELP specserve_spec_drafted_steps_total Verification steps whose draft reached this depth",
                       "# TYPE specserve_spec_drafted_steps_total counter"]
             lines += [f'specserve_spec_drafted_steps_total{{depth="{i + 1}"}} {d}' for i, d in enumerate(self.drafted)]

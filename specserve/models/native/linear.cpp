@@ -193,7 +193,7 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 4; }
+int ss_abi_version() { return 5; }
 
 // Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
 // multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32
@@ -220,6 +220,12 @@ int ss_set_threads(int n) {
   g_threads = n;
   return threads();
 }
+
+// End the calling thread's pool of OpenMP workers (OpenMP 5.0 omp_pause_resource_all).  Each
+// thread that opens parallel regions owns a pool; once the pooled workers outnumber the cores,
+// libgomp stops spinning at barriers and every region wakes its workers through the kernel, which
+// makes a pass run from a second thread (a server's engine thread) far slower.  Returns 0 on success.
+int ss_release_threads() { return omp_pause_resource_all(omp_pause_soft); }
 
 int64_t ss_row_bytes(int fmt, int64_t K) {
   switch (fmt) {

@@ -118,6 +118,10 @@ class NativeTransformer(nn.Module):
         """Compute threads for later passes (0: the default, one per core); returns the number in use."""
         return int(self.lib.ss_set_threads(n))
 
+    def release_threads(self) -> bool:
+        """End the calling thread's pool of compute threads (see the protocol); True if it was ended."""
+        return self.lib.ss_release_threads() == 0
+
     @property
     def dtype(self) -> torch.dtype:
         return torch.float32
