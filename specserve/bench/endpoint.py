@@ -46,7 +46,10 @@ async def _one(client, url: str, model: str, prompt: str, max_tokens: int, extra
             "itl_s": [b - a for a, b in zip(times, times[1:])], "text": "".join(text)}
 
 
-async def _level(url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int, extra: dict) -> dict:
+async def _run(url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int,
+               extra: dict) -> tuple[list[dict], float]:
+    """Closed loop: ``concurrency`` requests in flight until every prompt is done.  Returns the
+    per-request results (in prompt order) and the wall seconds."""
     import httpx
 
     sem = asyncio.Semaphore(concurrency)
@@ -56,7 +59,10 @@ async def _level(url: str, model: str, prompts: list[str], max_tokens: int, conc
                 return await _one(client, url, model, p, max_tokens, extra)
         t0 = time.perf_counter()
         results = await asyncio.gather(*(run(p) for p in prompts))
-        wall = time.perf_counter() - t0
+        return list(results), time.perf_counter() - t0
+
+
+def _summary(concurrency: int, results: list[dict], wall: float) -> dict:
     ok = [r for r in results if r["ok"]]
 
     def dist(xs):
@@ -73,15 +79,27 @@ async def _level(url: str, model: str, prompts: list[str], max_tokens: int, conc
 
 
 def bench_endpoint(url: str, model: str, prompts: list[str], max_tokens: int, levels: list[int],
-                   label: str = "", extra: dict | None = None) -> list[dict]:
-    """One closed-loop run per concurrency level (warm-up request first)."""
+                   variants: list[tuple[str, dict]]) -> list[dict]:
+    """Every variant (label, request extension) closed loop at every concurrency level, after one
+    warm-up request each.  At each level the prompts are cut into chunks of at least 2 x level and
+    the variants take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
+    machine falls on every variant alike (a level whose prompts fit in one chunk runs the variants
+    one after another).  Returns one row per variant and level, variant by variant."""
     url = url.rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]
-    extra = extra or {}
-    asyncio.run(_level(url, model, prompts[:1], 8, 1, extra))
-    out = []
+    for _, extra in variants:
+        asyncio.run(_run(url, model, prompts[:1], 8, 1, extra))
+    rows: dict[tuple[int, int], dict] = {}
     for c in levels:
-        res = asyncio.run(_level(url, model, prompts, max_tokens, c, extra))
-        out.append(res | {"label": label or url, "endpoint": url})
-    return out
+        chunks = max(1, len(prompts) // (2 * c))
+        size = -(-len(prompts) // chunks)
+        got: list[tuple[list[dict], float]] = [([], 0.0) for _ in variants]
+        for i in range(chunks):
+            part = prompts[i * size: (i + 1) * size]
+            for v in [*range(i % len(variants), len(variants)), *range(i % len(variants))]:
+                results, wall = asyncio.run(_run(url, model, part, max_tokens, c, variants[v][1]))
+                got[v] = (got[v][0] + results, got[v][1] + wall)
+        for v, (label, _) in enumerate(variants):
+            rows[(v, c)] = _summary(c, *got[v]) | {"label": label or url, "endpoint": url}
+    return [rows[key] for key in sorted(rows)]

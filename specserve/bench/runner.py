@@ -252,10 +252,7 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
     texts = [p.text for p in prompts][: cfg.concurrency_prompts or len(prompts)]
     variants = [(m.label, {"speculative": {"drafter": m.drafter, "num_draft": m.k}}) for m in map(Method.parse, methods)] \
         or [("default", {})]
-    rows = []
-    for label, extra in variants:
-        rows += bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), label, extra)
-        print(f"  endpoint {label}: done", file=sys.stderr)
+    rows = bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), variants)
     doc = {"config": vars(cfg) | {"command": " ".join(sys.argv), "endpoint": url, "endpoint_model": model},
            "machine": {"python": platform.python_version(), "platform": platform.platform(),
                        "cpus": __import__("os").cpu_count()},
