@@ -221,7 +221,8 @@ def render_endpoint_report(doc: dict) -> str:
     cfg = doc["config"]
     lines = ["# specserve bench --endpoint", "", f"Command: `{cfg['command']}`", "",
              f"Endpoint {cfg['endpoint']} (model `{cfg['endpoint_model']}`), streaming chat completions, greedy, "
-             f"{cfg['max_tokens']} max new tokens, closed loop; at each level the variants take turns in chunks of at least 2 x concurrency prompts. Metrics as `vllm bench serve` defines them.", "",
+             f"{cfg['max_tokens']} max new tokens, closed loop; at each level the variants take turns in chunks "
+             "of at least 2 x concurrency prompts. Metrics as `vllm bench serve` defines them.", "",
              "| variant | concurrency | completed | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
              "ITL p50/p99 ms | E2E p50/p99 s | same text as baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["endpoint"]:
