@@ -33,9 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-AUTO = "auto"
-
-
 # ------------------------------------------------------------------------------------------ cost
 @dataclass
 class CostModel:

@@ -23,12 +23,13 @@ from typing import Callable
 
 import torch
 
-from specserve.control import AUTO, CostModel
-from specserve.sizing import Sizer, Slot
+from specserve.control import CostModel
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
+from specserve.drafters.registry import AUTO
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
 from specserve.sampling import SamplingParams, sample
+from specserve.sizing import Sizer, Slot
 from specserve.stats import RequestStats
 from specserve.step_verify import verify_rows
 
@@ -242,8 +243,8 @@ class Engine:
         threads = self.sizer.pick_threads()
         t0 = time.perf_counter()
         lengths = [len(proposals[s.seq_id]) + 1 for s in seqs]
-        contexts = [self.cache.lengths[s.row] for s in seqs]
-        out, offsets = self._target_pass(seqs, proposals)
+        contexts = [slots[s.seq_id].context for s in seqs]
+        out, offsets = self._target_pass(seqs, proposals, lengths, contexts)
         t_pass = time.perf_counter() - t0
         self.sizer.observe_pass(threads, lengths, contexts, t_pass)
 
@@ -288,12 +289,12 @@ class Engine:
         for s in seqs:
             by_drafter.setdefault(s.request.drafter, []).append(s)
         vocab = self.target.config.vocab_size
+        batch = list(slots.values())
         for name, group in by_drafter.items():
             reqs = []
             for s in group:
                 depth = max(0, s.request.max_tokens - len(s.generated) - 1)   # never draft past max_tokens
-                others = [slots[x.seq_id] for x in seqs if x is not s]
-                budget = self.sizer.budget(slots[s.seq_id], others, depth) if depth else 0
+                budget = self.sizer.budget(slots[s.seq_id], batch, depth) if depth else 0
                 reqs.append(DraftRequest(s.seq_id, s.tokens, budget, s.request.sampling, depth))
             for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
                 prop = prop.truncated(r.k, r.max_depth)
@@ -301,21 +302,21 @@ class Engine:
                 out[s.seq_id] = prop
         return out
 
-    def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal]):
-        """One ragged pass: sequence b contributes [pending token] + its node tokens, nothing padded;
-        node parents shift by one (the pending token is the sequence's index 0).  A pass of chains
-        only passes no parents.  Returns the pass output and each sequence's first row in it."""
-        tokens, lengths, parents = [], [], []
+    def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal], lengths: list[int],
+                     contexts: list[int]):
+        """One ragged pass: sequence b contributes [pending token] + its node tokens (lengths[b]),
+        nothing padded, after its contexts[b] cached positions; node parents shift by one (the pending
+        token is the sequence's index 0).  A pass of chains only passes no parents.  Returns the pass
+        output and each sequence's first row in it."""
+        tokens, parents = [], []
         for s in seqs:
             prop = proposals[s.seq_id]
             tokens += [s.tokens[-1]] + prop.tokens
-            lengths.append(len(prop) + 1)
             parents += [-1] + [p + 1 for p in prop.parent_list()]
         trees = not all(proposals[s.seq_id].is_chain for s in seqs)
         layers = tuple(sorted({x for s in seqs for x in self.drafters[s.request.drafter].feature_layers}))
         dev = self.model.device
-        out = self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs],
-                         [self.cache.lengths[s.row] for s in seqs], lengths=lengths,
+        out = self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs], contexts, lengths=lengths,
                          parents=torch.tensor(parents, device=dev) if trees else None, features=layers)
         offsets = list(itertools.accumulate([0] + lengths[:-1]))
         return out, offsets

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.control import (AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, ThreadGovernor, calibrate,
-                               choose)
+from specserve.control import AcceptanceModel, Candidate, CostModel, ProbeState, ThreadGovernor, calibrate, choose
 from specserve.drafters.base import DraftProposal, Drafter
+from specserve.drafters.registry import AUTO
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,11 @@ class Sizer:
         self.acceptance.forget(seq_id)
         self.probes.pop(seq_id, None)
 
-    def budget(self, s: Slot, others: list[Slot], depth: int) -> int:
+    def budget(self, s: Slot, batch: list[Slot], depth: int) -> int:
         """The node budget to ask the drafter for: a fixed request's own; for auto, the drafter's
         largest if its nodes carry confidences (trimmed after it proposes), else the chain length that
-        maximises this sequence's predicted rate beside the others' pending tokens."""
+        maximises this sequence's predicted rate beside the pending tokens of the rest of ``batch``
+        (every running sequence, ``s`` among them)."""
         drafter = self.drafters[s.drafter]
         if s.num_draft != AUTO:
             return s.num_draft
@@ -65,9 +66,12 @@ class Sizer:
         if drafter.confidence or not top:
             return top
         gains = self.acceptance.chain_gains(s.drafter, s.seq_id, min(top, depth))
-        contexts = [o.context for o in others] + [s.context]
-        n_seqs = len(others) + 1
-        rates = [(n_seqs + sum(gains[:n])) / self.calibrate().predict([1] * len(others) + [1 + n], contexts)
+        contexts = [o.context for o in batch]
+        mine = next(i for i, o in enumerate(batch) if o.seq_id == s.seq_id)
+
+        def lengths(n: int) -> list[int]:
+            return [1 + (n if i == mine else 0) for i in range(len(batch))]
+        rates = [(len(batch) + sum(gains[:n])) / self.calibrate().predict(lengths(n), contexts)
                  for n in range(len(gains) + 1)]
         best = max(range(len(rates)), key=lambda n: (rates[n], -n))
         return max(best, 1 if self.probe(s).due() else 0)

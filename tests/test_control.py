@@ -3,9 +3,10 @@
 import pytest
 
 from conftest import tiny_model
-from specserve.control import AUTO, AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
+from specserve.control import AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
 from specserve.drafters import create
 from specserve.drafters.base import DraftProposal
+from specserve.drafters.registry import AUTO
 from specserve.engine import Engine, Request
 from specserve.sizing import Slot
 

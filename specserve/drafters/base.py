@@ -93,17 +93,14 @@ class DraftProposal:
             return self
         parents, depths = self.parent_list(), self.depths()
         keep: list[int] = []
-        new_index: dict[int, int] = {}
+        kept: set[int] = set()
         for i, (p, d) in enumerate(zip(parents, depths)):
             if len(keep) == k:
                 break
-            if d <= max_depth and (p < 0 or p in new_index):
-                new_index[i] = len(keep)
+            if d <= max_depth and (p < 0 or p in kept):
+                kept.add(i)
                 keep.append(i)
-        return DraftProposal([self.tokens[i] for i in keep],
-                             self.probs[keep] if self.probs is not None and keep else None,
-                             None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
-                             [self.confidence[i] for i in keep] if self.confidence is not None else None)
+        return self.subset(keep)
 
     def subset(self, keep: list[int]) -> "DraftProposal":
         """The nodes ``keep`` (ascending; each kept node's parent kept too), re-indexed."""

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specserve.drafters.registry import AUTO
 from specserve.errors import SpecserveError
 from specserve.llm import LLM, trim_at_stop
 from specserve.sampling import SamplingParams
@@ -65,7 +66,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        if any(k == "auto" for k in llm.default_k.values()):
+        if any(k == AUTO for k in llm.default_k.values()):
             llm.engine.calibrate()            # the cost model, before the first request needs it
         scheduler.start()
         yield
