@@ -26,7 +26,7 @@ HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 5
+ABI_VERSION = 6
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -103,6 +103,7 @@ def library() -> ctypes.CDLL:
         "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
         "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, p], None),
         "ss_set_threads": ([i32], i32),
+        "ss_default_threads": ([], i32),
         "ss_release_threads": ([], i32),
         "ss_fma_peak": ([i64, p], ctypes.c_double),
         "ss_layer_fields": ([], i32),

@@ -193,7 +193,7 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 5; }
+int ss_abi_version() { return 6; }
 
 // Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
 // multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32
@@ -220,6 +220,9 @@ int ss_set_threads(int n) {
   g_threads = n;
   return threads();
 }
+
+// The number of threads the default (0) stands for, without changing the setting.
+int ss_default_threads() { return omp_get_max_threads(); }
 
 // End the calling thread's pool of OpenMP workers (OpenMP 5.0 omp_pause_resource_all).  Each
 // thread that opens parallel regions owns a pool; once the pooled workers outnumber the cores,

@@ -98,7 +98,7 @@ class NativeTransformer(nn.Module):
         cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.set_timer(None)
-        # every layer's weights as one table of pointers for ss_layers (the tensors stay referenced
+        # every layer's weights as one table of pointers for ss_forward (the tensors stay referenced
         # by self.layers, so the pointers stay valid)
         opt = lambda t: t.data_ptr() if t is not None else 0                    # noqa: E731
         table = [[layer.attn_norm.data_ptr(), layer.qkv.data.data_ptr(), layer.qkv.fmt, opt(layer.qkv_bias),
@@ -111,7 +111,7 @@ class NativeTransformer(nn.Module):
 
     def thread_choices(self) -> tuple[int, ...]:
         """All cores, or one: threads only decide which outputs are computed together, never the bits."""
-        cores = int(self.lib.ss_set_threads(0))
+        cores = int(self.lib.ss_default_threads())
         return (cores, 1) if cores > 1 else (1,)
 
     def set_threads(self, n: int) -> int:
@@ -143,7 +143,7 @@ class NativeTransformer(nn.Module):
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part: the kernel calls are rebound to timing wrappers (a hook on
         this instance; nothing global is touched), and passes run their layers from Python, one
-        kernel call at a time (the same calls as ``ss_layers``, so the same bits)."""
+        kernel call at a time (the same calls as ``ss_forward``, so the same bits)."""
         self._timer = timer
         if timer is None:
             self._linear, self._gemm, self._lib = linear, _gemm, self.lib
