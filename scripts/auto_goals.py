@@ -1,6 +1,6 @@
 """Check a bench run against the goals for ``auto`` draft sizes.
 
-    python scripts/auto_goals.py results/auto-full/results.json [--plain-floor 0.97] [--best-floor 0.95]
+    .venv/bin/python scripts/auto_goals.py results/auto-full/results.json [--plain-floor 0.97] [--best-floor 0.95]
 
 For every drafter in the run (its methods grouped by everything but ``k``), prints:
 - at each concurrency level: auto's output tokens/s over plain decoding's and over the best fixed k's;
@@ -14,9 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-
-def family(label: str) -> str:
-    return ":".join(part for part in label.split(":") if not part.startswith("k="))
+from specserve.bench.report import family
 
 
 def fixed_k(label: str) -> bool:

@@ -62,3 +62,17 @@ def sample(per_group: int, groups: list[str] | None = None, path: str | None = N
         raise SpecserveError(f"unknown group {bad[0]!r}; choose from all, {', '.join(present)}")
     out = [p for g in chosen for p in [q for q in prompts if q.group == g][:per_group]]
     return out, chosen
+
+
+def rotation(k: int, i: int) -> list[int]:
+    """The order in which k methods take turn i: 0..k-1 rotated to start at i mod k, so that a slow
+    spell of a shared machine falls on every method alike over the turns."""
+    return [*range(i % k, k), *range(i % k)]
+
+
+def turns(n: int, level: int, k: int) -> list[tuple[slice, list[int]]]:
+    """Prompts 0..n-1 cut into chunks of at least 2 x ``level`` (so a closed loop at that
+    concurrency fills up), each with the order its k methods run in (``rotation``)."""
+    chunks = max(1, n // (2 * level))
+    size = -(-n // chunks)
+    return [(slice(c * size, (c + 1) * size), rotation(k, c)) for c in range(chunks)]

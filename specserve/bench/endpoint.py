@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 
+from specserve.bench.datasets import turns
 from specserve.bench.metrics import percentile
 
 
@@ -92,13 +93,10 @@ def bench_endpoint(url: str, model: str, prompts: list[str], max_tokens: int, le
         asyncio.run(_run(url, model, prompts[:1], 8, 1, extra))
     rows: dict[tuple[int, int], dict] = {}
     for c in levels:
-        chunks = max(1, len(prompts) // (2 * c))
-        size = -(-len(prompts) // chunks)
         got: list[tuple[list[dict], float]] = [([], 0.0) for _ in variants]
-        for i in range(chunks):
-            part = prompts[i * size: (i + 1) * size]
-            for v in [*range(i % len(variants), len(variants)), *range(i % len(variants))]:
-                results, wall = asyncio.run(_run(url, model, part, max_tokens, c, variants[v][1]))
+        for part, order in turns(len(prompts), c, len(variants)):
+            for v in order:
+                results, wall = asyncio.run(_run(url, model, prompts[part], max_tokens, c, variants[v][1]))
                 got[v] = (got[v][0] + results, got[v][1] + wall)
         for v, (label, _) in enumerate(variants):
             rows[(v, c)] = _summary(c, *got[v]) | {"label": label or url, "endpoint": url}

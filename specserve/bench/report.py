@@ -139,7 +139,7 @@ def write_plots(doc: dict, outdir: Path) -> list[str]:
     return paths
 
 
-def _family(label: str) -> str:
+def family(label: str) -> str:
     """A method's drafter with its options but without its draft size: 'ngram:k=4' -> 'ngram'."""
     return ":".join(part for part in label.split(":") if not part.startswith("k="))
 
@@ -151,7 +151,7 @@ def _concurrency_plot(plt, doc: dict, path: Path) -> str:
     families: dict[str, list[str]] = {}
     for label in doc["summary"]:
         if label != base:
-            families.setdefault(_family(label), []).append(label)
+            families.setdefault(family(label), []).append(label)
     cols = min(3, max(len(families), 1))
     rows = -(-max(len(families), 1) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
@@ -160,14 +160,14 @@ def _concurrency_plot(plt, doc: dict, path: Path) -> str:
         pts = sorted((c["concurrency"], c["output_tok_s"]) for c in doc["concurrency"] if c["method"] == label)
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    for ax, (family, labels) in zip(axes.flat, families.items()):
+    levels = sorted({c["concurrency"] for c in doc["concurrency"]})
+    for ax, (name, labels) in zip(axes.flat, families.items()):
         ax.plot(*series(base), "k--", marker=".", label="plain")
         for label in labels:
-            ax.plot(*series(label), marker="o", ms=3, label=label[len(family):].lstrip(":") or "auto")
+            ax.plot(*series(label), marker="o", ms=3, label=label[len(name):].lstrip(":") or "auto")
         ax.set_xscale("log", base=2)
-        levels = sorted({c["concurrency"] for c in doc["concurrency"]})
         ax.set_xticks(levels, [str(level) for level in levels])
-        ax.set_title(family if len(family) < 40 else family[:37] + "...", fontsize=9)
+        ax.set_title(name if len(name) < 40 else name[:37] + "...", fontsize=9)
         ax.set_xlabel("concurrency")
         ax.set_ylabel("output tokens/s")
         ax.legend(fontsize=7)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from specserve.bench.datasets import sample
+from specserve.bench.datasets import rotation, sample, turns
 from specserve.bench.metrics import speedups, summarize
 from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
@@ -118,7 +118,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
     for i, (p, pid) in enumerate(zip(prompts, ids)):
-        for m in methods[i % len(methods):] + methods[: i % len(methods)]:
+        for m in (methods[j] for j in rotation(len(methods), i)):
             res = llm.engine.generate([llm.request(pid, cfg.max_tokens, greedy, m.label, m.k)])[0]
             records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
         _progress("every method", i + 1, len(prompts))
@@ -187,18 +187,16 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
                for m in methods}
     for m in methods:                                              # warm-up, and the cost model
         engines[m.label].generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
-    chunks = max(1, len(ids) // (2 * level))
-    size = -(-len(ids) // chunks)
     out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
-    for c in range(chunks):
-        part = ids[c * size: (c + 1) * size]
-        for m in methods[c % len(methods):] + methods[: c % len(methods)]:
+    plan = turns(len(ids), level, len(methods))
+    for c, (part, order) in enumerate(plan):
+        for m in (methods[j] for j in order):
             t = time.perf_counter()
             recs = [r.stats.to_dict() for r in engines[m.label].generate(
-                [llm.request(pid, max_tokens, greedy, m.label, m.k) for pid in part])]
+                [llm.request(pid, max_tokens, greedy, m.label, m.k) for pid in ids[part]])]
             recs_so_far, wall = out[m.label]
             out[m.label] = (recs_so_far + recs, wall + time.perf_counter() - t)
-        _progress(f"concurrency {level}", c + 1, chunks)
+        _progress(f"concurrency {level}", c + 1, len(plan))
     return out
 
 
