@@ -82,9 +82,10 @@ def test_logits_match_transformers_float32(kernels):
     assert (got - ref).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 @pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle"])
 def test_greedy_identity(llm, prompts, plain, drafters, name, k):
+    """Every drafter, at fixed draft sizes and with ``auto``, alone and batched: plain decoding's tokens."""
     n = len(prompts) if k == 4 else K_PROMPTS
     target = llm.target
     alone = Engine(target, {name: drafters[name]()}, max_batch=1, max_len=1024)
