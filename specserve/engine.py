@@ -116,7 +116,7 @@ class Engine:
         """Call from a thread that has run passes (loading, calibration) and will run no more, before
         another thread runs the engine: ends the calling thread's pool of compute threads, since
         with more pooled threads than cores every parallel region would wake its workers through the
-        kernel (measured: 65 against 95 tok/s).  Returns whether a pool was ended."""
+        kernel (``scripts/engine_thread.py``: 63-65 against 100-101 tok/s).  Returns whether a pool was ended."""
         return self.model.release_threads()
 
     # ------------------------------------------------------------------ what the scheduler may use
