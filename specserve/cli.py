@@ -1,4 +1,4 @@
-"""Command line: ``specserve generate``, ``serve``, ``bench`` and ``profile``.
+"""Command line: ``specserve generate``, ``serve``, ``bench``, ``profile`` and ``train``.
 
 Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
 options, defaults and default draft lengths come from the registry, never from this file.
@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cost-tokens", default="1,2,4,8,16", help="tokens per row for the cost curve ('' to skip)")
     b.add_argument("--cost-batches", default="1,4,16", help="batch sizes for the cost curve")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0: every method samples "
+                   "(exactly the target's distribution), prompt i with seed --seed + i")
+    b.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold when sampling")
+    b.add_argument("--seed", type=int, default=0, help="first prompt's sampling seed")
     b.add_argument("--endpoint", default=None, help="benchmark a running OpenAI-compatible server instead")
     b.add_argument("--endpoint-model", default="default", help="model name to send to --endpoint")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
@@ -112,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--cost-batches", default="", help="also measure the cost curve (passes of --tokens per row) "
                    "at these batch sizes, e.g. 1,4,16")
     f.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    from specserve.train.cli import add_parser as add_train_parser
+    add_train_parser(sub)
     return parser
 
 
@@ -139,7 +145,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       peers=[p.strip() for p in args.peers.split(",") if p.strip()], assistant=args.assistant,
                       peer_k=args.peer_k,
                       cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
-                      cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots)
+                      cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots,
+                      temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if args.endpoint:
         from specserve.bench.report import render_endpoint_report
         from specserve.bench.runner import run_endpoint_bench
@@ -272,6 +279,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from specserve.train.cli import cmd_train as run
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
@@ -280,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         import warnings
         warnings.filterwarnings("ignore")
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
-                "profile": cmd_profile}[args.command](args)
+                "profile": cmd_profile, "train": cmd_train}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

@@ -94,17 +94,20 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     short = model.new_cache(rows, context + 16)
     long = model.new_cache(1, long_context + 16)
     g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
+    vocab, dev = model.config.vocab_size, model.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)   # time kernels, not launches
     for r in range(rows):
-        model(torch.randint(0, vocab, (1, context), generator=g), short, [r], [0], last_only=True)
-    model(torch.randint(0, vocab, (1, long_context), generator=g), long, [0], [0], last_only=True)
+        model(torch.randint(0, vocab, (1, context), generator=g).to(dev), short, [r], [0], last_only=True)
+    model(torch.randint(0, vocab, (1, long_context), generator=g).to(dev), long, [0], [0], last_only=True)
 
     def timed(cache, lengths: list[int], start: int) -> float:
-        x = torch.randint(0, vocab, (sum(lengths),), generator=g)
+        x = torch.randint(0, vocab, (sum(lengths),), generator=g).to(dev)
         best = []
         for rep in range(reps + 1):
+            sync()
             t = time.perf_counter()
             model(x, cache, list(range(len(lengths))), [start] * len(lengths), lengths=lengths)
+            sync()
             if rep:
                 best.append(time.perf_counter() - t)
         return sorted(best)[len(best) // 2]
@@ -215,6 +218,8 @@ class Candidate:
     parents: list[int]            # per node (-1: child of the pending token)
     fixed: bool = False           # a request that asked for an exact draft length: keep every node
     probe: bool = False           # keep the best node even if it does not pay
+    draft_s: float = 0.0          # what drafting costs this sequence per step (seconds), paid again
+                                  # next step only if some of its nodes are kept now
 
 
 def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]], float]:
@@ -223,6 +228,8 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
     Nodes enter best-first; a node's gain is first capped at its parent's, so that with ties broken
     by index a parent always enters before its children and every prefix of the order is a set of
     trees.  Fixed drafts are kept whole; a probed sequence's first node is kept whatever it pays.
+    A sequence that keeps nodes is charged its drafter's cost (``draft_s``) on top of the pass, so
+    a drafter whose drafting costs more than its tokens save is not kept.
     Returns ({seq_id: kept node indices}, predicted seconds of the chosen pass).
     """
     order: list[tuple[float, int, int]] = []           # (-gain, candidate, node)
@@ -243,15 +250,18 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
     contexts = [c.context for c in cands]
     gain = sum(sum(c.gains) for c in cands if c.fixed) + len(cands)     # expected tokens committed
     best_n, best_rate, best_cost = 0, -1.0, 0.0
+    drafting = 0.0
     for n in range(len(steps) + 1):
         if n:
             i, node = steps[n - 1]
             lengths[i] += 1
             gain += cands[i].gains[node]
+            if lengths[i] == 2:
+                drafting += cands[i].draft_s
         if n < len(forced):
             continue
         seconds = cost.predict(lengths, contexts)
-        rate = gain / seconds if seconds > 0 else 0.0
+        rate = gain / (seconds + drafting) if seconds > 0 else 0.0
         if rate > best_rate * (1 + 1e-9):
             best_n, best_rate, best_cost = n, rate, seconds
     keep = {c.seq_id: (list(range(len(c.gains))) if c.fixed else []) for c in cands}

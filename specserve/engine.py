@@ -296,7 +296,10 @@ class Engine:
                 depth = max(0, s.request.max_tokens - len(s.generated) - 1)   # never draft past max_tokens
                 budget = self.sizer.budget(slots[s.seq_id], batch, depth) if depth else 0
                 reqs.append(DraftRequest(s.seq_id, s.tokens, budget, s.request.sampling, depth))
-            for s, r, prop in zip(group, reqs, self.drafters[name].propose(reqs)):
+            t0 = time.perf_counter()
+            props = self.drafters[name].propose(reqs)
+            self.sizer.observe_draft(name, time.perf_counter() - t0, sum(1 for r in reqs if r.k > 0))
+            for s, r, prop in zip(group, reqs, props):
                 prop = prop.truncated(r.k, r.max_depth)
                 prop.check(vocab)
                 out[s.seq_id] = prop

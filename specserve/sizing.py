@@ -31,6 +31,8 @@ class Sizer:
         self.acceptance = AcceptanceModel()
         self.probes: dict[int, ProbeState] = {}
         self.drafter_gap: dict[str, int] = {}       # a new sequence's first probe gap: its drafter's latest
+        self.draft_s: dict[str, float] = {}         # decayed mean seconds per proposal, per drafter
+        self.kept: dict[int, int] = {}              # nodes the controller kept of each sequence's last draft
         choices = model.thread_choices()
         self.threads = ThreadGovernor(choices) if len(choices) > 1 else None
         self._threads_set = 0
@@ -53,6 +55,18 @@ class Sizer:
     def forget(self, seq_id: int) -> None:
         self.acceptance.forget(seq_id)
         self.probes.pop(seq_id, None)
+        self.kept.pop(seq_id, None)
+
+    def observe_draft(self, drafter: str, seconds: float, proposals: int) -> None:
+        """A drafter's ``propose`` call took ``seconds`` for ``proposals`` non-empty requests."""
+        if proposals:
+            per = seconds / proposals
+            old = self.draft_s.get(drafter)
+            self.draft_s[drafter] = per if old is None else 0.8 * old + 0.2 * per
+
+    def _costly(self, s: Slot) -> bool:
+        """Drafting costs this drafter over 5% of a one-token pass: not worth doing when unkept."""
+        return self.draft_s.get(s.drafter, 0.0) > 0.05 * self.calibrate().predict([1], [s.context])
 
     def budget(self, s: Slot, batch: list[Slot], depth: int) -> int:
         """The node budget to ask the drafter for: a fixed request's own; for auto, the drafter's
@@ -64,6 +78,9 @@ class Sizer:
             return s.num_draft
         top = min(drafter.max_auto_draft, self.max_draft)
         if drafter.confidence or not top:
+            # a costly drafter whose last draft was not kept drafts again only to probe
+            if top and self.kept.get(s.seq_id) == 0 and self._costly(s) and not self.probe(s).due():
+                return 0
             return top
         gains = self.acceptance.chain_gains(s.drafter, s.seq_id, min(top, depth))
         contexts = [o.context for o in batch]
@@ -83,10 +100,12 @@ class Sizer:
             prop = proposals[s.seq_id]
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.confidence)
             cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(), fixed=s.num_draft != AUTO,
-                                   probe=s.seq_id in probed))
+                                   probe=s.seq_id in probed, draft_s=self.draft_s.get(s.drafter, 0.0)))
         keep, predicted = choose(cands, self.calibrate())
         for s in slots:
             if s.num_draft == AUTO:
+                if len(proposals[s.seq_id]):
+                    self.kept[s.seq_id] = len(keep[s.seq_id])
                 proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
         return predicted
 

@@ -138,7 +138,7 @@ def reference_verify(draft: list[int], draft_probs: Tensor | None, target_probs:
     for i, x in enumerate(draft):
         p = target_probs[i]
         q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
-            torch.tensor(x), p.shape[-1]).to(p.dtype)
+            torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
         if bool(uniform[i] * q[x] <= p[x]):
             out.append(x)
             continue
@@ -262,11 +262,12 @@ def tree_rejection_verify_row(tokens: list[int], parents: list[int], draft_probs
                 r = residual / residual.sum()
             x = tokens[c]
             q = draft_probs[c] if draft_probs is not None else None
-            q_x = q[x] if q is not None else torch.ones((), dtype=r.dtype)
+            q_x = q[x] if q is not None else torch.ones((), dtype=r.dtype, device=r.device)
             if bool(uniform[c] * q_x <= r[x]):
                 accepted = c
                 break
-            q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(x), r.shape[-1]).to(r.dtype)
+            q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(x, device=r.device),
+                                                                    r.shape[-1]).to(r.dtype)
             residual = (r - q).clamp_min(0)             # max(0, r - q)
             if bool(residual.sum() <= 0):               # r == q up to rounding: r itself is right
                 residual = r

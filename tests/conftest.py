@@ -55,3 +55,37 @@ def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", 
     opts = RuntimeOptions("float32", "cpu", kernels, attention).resolve()
     model = build_model(cfg, sd, opts)
     return LoadedModel(model=model, config=cfg, path=f"<tiny seed={seed} scale={scale}>", options=opts)
+
+
+_HEADS: dict = {}
+
+
+def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0) -> str:
+    """An untrained head (random EAGLE layer; random Medusa blocks) for ``target`` over a reduced
+    vocabulary of its first three quarters of tokens, saved in a temporary folder whose path is returned."""
+    import tempfile
+
+    from specserve.train.heads import build, new_config, save_head
+
+    key = (kind, target.path, tuple(layers or ()), seed)
+    if key not in _HEADS:
+        n = target.config.num_layers
+        cfg = new_config(kind, target, layers or ([1, n] if kind == "eagle" else [n]), num_medusa=3 if kind == "medusa" else 0)
+        torch.manual_seed(seed)
+        module = build(cfg)
+        if kind == "medusa":
+            for b in module.blocks:
+                torch.nn.init.normal_(b.weight, std=0.3)
+        d = tempfile.mkdtemp(prefix=f"specserve-{kind}-")
+        save_head(d, cfg, module, torch.arange(target.config.vocab_size * 3 // 4))   # a reduced vocabulary
+        _HEADS[key] = d
+    return _HEADS[key]
+
+
+def prompt_features(target: LoadedModel, prompt: list[int], layers: tuple[int, ...]) -> dict:
+    """The target's features of every prompt position (what the engine hands a drafter after the prefill)."""
+    if not layers:
+        return {}
+    cache = target.model.new_cache(1, len(prompt) + 8)
+    out = target.model(torch.tensor([prompt]), cache, [0], [0], features=layers)
+    return {layer: f[0] for layer, f in out.features.items()}

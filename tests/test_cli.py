@@ -25,6 +25,13 @@ CLI = [sys.executable, "-m", "specserve.cli"]
     (["generate", "--prompt", "hi", "--drafter", "ngram-tree:k=-1"], "takes 'auto' or an integer >= 0"),
     (["generate", "--prompt", "hi", "--max-tokens", "x"], "invalid int value"),
     (["generate"], "required"),
+    (["generate", "--prompt", "hi", "--drafter", "eagle:head=/no/such/head"], "no head at"),
+    (["generate", "--prompt", "hi", "--drafter", "eagle:topk=0"], "topk must be >= 1"),
+    (["train", "eagle"], "required"),
+    (["train", "eagle", "--out", "/tmp/x", "--features", "bogus"], "--features takes last, fused or layer numbers"),
+    (["train", "eagle", "--out", "/tmp/x", "--features", "99"], "--features layers must lie in 0..30"),
+    (["train", "medusa", "--out", "/tmp/x", "--prompts", "/no/such.jsonl", "--data-dir", "/tmp/no-such-data"],
+     "cannot read training prompts"),
 ])
 def test_bad_input_one_line_error(args, msg):
     r = subprocess.run(CLI + args, capture_output=True, text=True, timeout=120)

@@ -42,6 +42,16 @@ def test_choose_by_hand():
     assert keep == {0: [0, 1], 1: [0]}
 
 
+def test_choose_charges_the_drafting_cost():
+    """On FLAT passes a 0.9 + 0.5 draft adds 1.4 tokens for 0.1 ms: kept when drafting costs 2 ms
+    (2.4 tokens / 12.1 ms beats 1 / 10 ms), dropped when it costs 20 ms (2.4 / 30.1 ms)."""
+    c = lambda d: [Candidate(0, 10, [0.9, 0.5], [-1, 0], draft_s=d)]
+    assert choose(c(0.002), FLAT)[0] == {0: [0, 1]}
+    assert choose(c(0.020), FLAT)[0] == {0: []}
+    probe = [Candidate(0, 10, [0.9, 0.5], [-1, 0], probe=True, draft_s=0.020)]
+    assert choose(probe, FLAT)[0][0][:1] == [0]                    # a probe keeps its first node anyway
+
+
 def test_acceptance_model_learns_and_shares_a_prior():
     am = AcceptanceModel()
     assert am.chain_gains("d", 1, 2) == pytest.approx([0.5, 0.25])                # the uninformed start

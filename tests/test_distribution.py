@@ -11,10 +11,11 @@ Two levels:
 
 3. Trees: ``tree_rejection_verify_row`` with three siblings (one-hot, drawn with and without
    replacement; 20,000 trials each), and the engine with sampled trees (two schemes, two shapes)
-   and n-gram tries, against the same enumerated law.
+   and n-gram tries, against the same enumerated law; and the learned drafters (EAGLE, Medusa),
+   whose q is zero outside their reduced vocabulary.
 
 Each test uses Pearson's chi-square with a p-value threshold of 1e-3, i.e. a false-failure rate
-of 0.1% per test for a correct sampler (about 2.5% for the whole file's 25 such tests).  Seeds are fixed, so
+of 0.1% per test for a correct sampler (about 3% for the whole file's 27 such tests).  Seeds are fixed, so
 results are reproducible.  ``test_detects_a_wrong_sampler`` shows the test has power: a sampler
 that always accepts the draft is rejected.
 """
@@ -23,7 +24,8 @@ import pytest
 import torch
 
 from chisq import chi_square_pvalue
-from conftest import tiny_model, tiny_state_dict, tiny_config
+from conftest import tiny_head, tiny_model, tiny_state_dict, tiny_config
+from specserve.drafters import create
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.ngram import NgramDrafter
 from specserve.drafters.none import NoDrafter
@@ -115,6 +117,16 @@ def test_engine_sampling_matches_target(models, dname, pname):
         DraftModelDrafter(target, model=close if dname == "close" else far)
     counts = run_engine(target, drafter, dname, params, 3000, k=2)
     assert chi_square_pvalue(counts, exact_distribution(target, params)) > 1e-3
+
+
+@pytest.mark.parametrize("dname,pname", [("eagle", "t0.7"), ("medusa", "topp0.8")])
+def test_engine_sampling_with_learned_heads_matches_target(models, dname, pname):
+    """3,000 generations of 3 tokens (k=2) per case: a head's q is zero outside its reduced
+    vocabulary (6 of the 8 tokens here), so rejection sampling must restore the other two."""
+    target = models[0]
+    drafter = create(dname, target, head=tiny_head(dname, target))
+    counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=2)
+    assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
 
 
 def test_engine_plain_sampling_matches_target(models):

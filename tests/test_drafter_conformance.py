@@ -10,7 +10,7 @@ every partial acceptance) its output is plain decoding's, alone and batched.
 
 import pytest
 
-from conftest import tiny_model
+from conftest import prompt_features, tiny_head, tiny_model
 from specserve.drafters import DraftProposal, DraftRequest, Feedback, available, create, drafter_class
 from specserve.drafters.base import Option
 from specserve.engine import Engine, Request
@@ -31,6 +31,8 @@ CONFORMANCE = {
     "ngram-tree": lambda t: {"max_matches": 8},
     "draft-model": lambda t: {"model": tiny_model(seed=32, vocab=VOCAB, layers=1)},
     "oracle": lambda t: {"alpha": 0.6},
+    "eagle": lambda t: {"head": tiny_head("eagle", t), "topk": 3, "depth": 4},
+    "medusa": lambda t: {"head": tiny_head("medusa", t), "topk": 3},
 }
 
 
@@ -56,7 +58,7 @@ def test_proposals_well_formed_within_budget(name, target):
     greedy = SamplingParams()
     for sid, prompt in enumerate(PROMPTS):
         d.begin(sid, prompt, greedy, 20)
-        d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[0]]))
+        d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[0]], prompt_features(target, prompt, d.feature_layers)))
     for k in (0, 1, 3, 8, 32):
         for max_depth in (1, 2, 50):
             reqs = [DraftRequest(sid, p + [p[0]], k, greedy, max_depth) for sid, p in enumerate(PROMPTS)]

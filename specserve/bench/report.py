@@ -13,7 +13,7 @@ def render_report(doc: dict) -> str:
     cfg, r = doc["config"], doc["roofline"]
     lines = ["# specserve bench", "", f"Command: `{cfg['command']}`", "",
              f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
-             f"greedy. Machine: {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
+             f"{_sampling(cfg)}. Machine: {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
              "## Roofline", "",
              f"{r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
              f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "
@@ -35,7 +35,8 @@ def render_report(doc: dict) -> str:
                      f"{o['speedup']['spec_bench']:.2f}x | {o['speedup']['total_time']:.2f}x | "
                      f"{o['mean_accepted_length']:.2f} | {o['mean_nodes_per_step']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
                      f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
-                     f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | {o['divergent_prompts']}/{o['requests']} |")
+                     f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | "
+                     + (f"{o['divergent_prompts']}/{o['requests']} |" if not cfg.get("temperature") else "- (sampled) |"))
     lines += ["", "## Draft sizes chosen (nodes per verification step; auto: the controller's choice)", "",
               "| method | steps with no draft | nodes per step: steps | measured / predicted pass time p50 (p90) |",
               "|---|---|---|---|"]
@@ -47,6 +48,7 @@ def render_report(doc: dict) -> str:
         ratio = (f"{d['measured_over_predicted_p50']:.2f} ({d['measured_over_predicted_p90']:.2f})"
                  if d["measured_over_predicted_p50"] == d["measured_over_predicted_p50"] else "-")
         lines.append(f"| {label} | {d['off_share'] * 100:.0f}% | {hist} | {ratio} |")
+    lines += _learned(doc)
     groups = cfg["groups"]
     lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length / nodes per step", "",
               "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
@@ -89,6 +91,33 @@ def render_report(doc: dict) -> str:
     if doc.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def _sampling(cfg: dict) -> str:
+    if not cfg.get("temperature"):
+        return "greedy"
+    return (f"sampled (temperature {cfg['temperature']}, top-p {cfg.get('top_p', 1.0)}, prompt i seeded "
+            f"{cfg.get('seed', 0)} + i; the output distribution is the target's, the tokens differ by method)")
+
+
+def _learned(doc: dict) -> list[str]:
+    """Where each learned drafter's head came from."""
+    rows = [(label, d) for label, d in doc.get("drafters", {}).items() if d.get("head")]
+    if not rows:
+        return []
+    out = ["", "## Learned drafters: the heads behind them", "",
+           "| method | head | features | reduced vocabulary | trained on | training | validation (greedy chain) |",
+           "|---|---|---|---|---|---|---|"]
+    for label, d in rows:
+        data, val = d.get("training_data", {}), d.get("validation", {})
+        trained = (f"{data.get('train_sequences', '?')} sequences, {data.get('train_positions', '?')} positions "
+                   f"({d.get('positions')} positions; {data.get('prompts', '?')} prompts answered by the target)")
+        secs = d.get("training_wall_seconds")
+        how = f"`{d.get('training_command', '')}`" + (f", {secs / 60:.0f} min" if secs else "")
+        acc = (f"{val['accepted']:.2f} tokens / step of a {val['depth']}-deep chain" if val else "-")
+        out.append(f"| {label} | `{d['head']}` | {d.get('feature_layers')} | {d.get('reduced_vocabulary')} | "
+                   f"{trained} | {how} | {acc} |")
+    return out
 
 
 def write_plots(doc: dict, outdir: Path) -> list[str]:

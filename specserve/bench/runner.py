@@ -55,6 +55,15 @@ class BenchConfig:
     cost_tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     cost_batches: list[int] = field(default_factory=lambda: [1, 4, 16])
     plots: bool = True
+    temperature: float = 0.0                    # 0: greedy; else every method samples (prompt i: seed + i)
+    top_p: float = 1.0
+    seed: int = 0
+
+    def sampling(self, i: int) -> SamplingParams:
+        """Prompt i's sampling settings (the same for every method)."""
+        if self.temperature <= 0:
+            return SamplingParams()
+        return SamplingParams(self.temperature, 0, self.top_p, self.seed + i)
 
 
 def _progress(label: str, i: int, n: int) -> None:
@@ -117,9 +126,10 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     for m in methods:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
+    doc["drafters"] = {m.label: llm.engine.drafters[m.label].describe() for m in methods}
     for i, (p, pid) in enumerate(zip(prompts, ids)):
         for m in (methods[j] for j in rotation(len(methods), i)):
-            res = llm.engine.generate([llm.request(pid, cfg.max_tokens, greedy, m.label, m.k)])[0]
+            res = llm.engine.generate([llm.request(pid, cfg.max_tokens, cfg.sampling(i), m.label, m.k)])[0]
             records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
         _progress("every method", i + 1, len(prompts))
     base = records[methods[0].label]
@@ -144,7 +154,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
             runs = {m.label: (records[m.label][:n_conc], sum(r["total_s"] for r in records[m.label][:n_conc]))
                     for m in methods}
         else:
-            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens)
+            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling)
         for m in methods:
             recs, wall = runs[m.label]
             s = summarize(recs)
@@ -174,7 +184,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
 
 
 def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int,
-                       max_tokens: int) -> dict[str, tuple[list[dict], float]]:
+                       max_tokens: int, sampling) -> dict[str, tuple[list[dict], float]]:
     """Every method through an engine of ``level`` rows, closed loop.  The prompts are cut into
     chunks of at least 2 x level, and the methods take turns chunk by chunk (in a rotated order), so
     that a slow spell of a shared machine falls on every method alike.  Returns per method its
@@ -193,7 +203,7 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
         for m in (methods[j] for j in order):
             t = time.perf_counter()
             recs = [r.stats.to_dict() for r in engines[m.label].generate(
-                [llm.request(pid, max_tokens, greedy, m.label, m.k) for pid in ids[part]])]
+                [llm.request(ids[i], max_tokens, sampling(i), m.label, m.k) for i in range(len(ids))[part]])]
             recs_so_far, wall = out[m.label]
             out[m.label] = (recs_so_far + recs, wall + time.perf_counter() - t)
         _progress(f"concurrency {level}", c + 1, len(plan))

@@ -182,3 +182,7 @@ class Drafter(ABC):
 
     def end(self, seq_id: int) -> None:
         """The sequence finished or was dropped; forget it."""
+
+    def describe(self) -> dict:
+        """What a report should say about this drafter beyond its spec (a learned head: where it came from)."""
+        return {}

@@ -105,6 +105,10 @@ class Decoder(Protocol):
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time every part of later passes into ``timer`` (None: stop timing)."""
 
+    def weight_rows(self, which: str, ids: Tensor) -> Tensor:
+        """Rows ``ids`` [n] of the token embedding (``which="embed"``) or of the LM head
+        (``"lm_head"``), as the runtime computes with them: float32 [n, hidden] on the model's device."""
+
     def thread_choices(self) -> tuple[int, ...]:
         """Compute thread counts this runtime can switch between without changing its numerics
         (empty: it cannot)."""

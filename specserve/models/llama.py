@@ -143,6 +143,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(sd["model.norm.weight"], cfg.rms_norm_eps)
         head = self.embed if cfg.tie_word_embeddings else sd["lm_head.weight"]
         self.lm_head = Linear(head, None, kernel)
+        self._head_weight = head                                                # rows for weight_rows
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.cos, self.sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
 
@@ -159,6 +160,10 @@ class Transformer(nn.Module):
         cfg = self.config
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
                        self.dtype, self.device, block=KEY_BLOCK, slack=slack)
+
+    def weight_rows(self, which: str, ids: Tensor) -> Tensor:
+        w = {"embed": self.embed, "lm_head": self._head_weight}[which]
+        return w[ids.to(w.device)].float()
 
     def weight_bytes(self) -> int:
         """Bytes of weights a decoding pass reads: fp16 for fbgemm, the model dtype otherwise."""

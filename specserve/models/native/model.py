@@ -130,6 +130,13 @@ class NativeTransformer(nn.Module):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
+    def weight_rows(self, which: str, ids: Tensor) -> Tensor:
+        w = {"embed": self.embed, "lm_head": self.lm_head}[which]
+        idx = ids.to(torch.int64).contiguous()
+        out = torch.empty(idx.numel(), w.shape[1])
+        self.lib.ss_embed(idx.data_ptr(), idx.numel(), w.data.data_ptr(), w.fmt, w.shape[1], out.data_ptr())
+        return out
+
     def weight_bytes(self) -> int:
         """Bytes of weights one decoding pass reads."""
         ws = [w for layer in self.layers for w in layer.weights()] + [self.lm_head]

@@ -1,0 +1,264 @@
+"""``eagle``: a one-layer head trained on the target's own features drafts a dynamic tree (EAGLE-2).
+
+Terms as in ``specserve.train.heads``: position t has token x_t and target features f_t; the head's
+*real* entry at t reads g_t = fuse(f_t) and the embedding of x_{t+1}, and its output o_t predicts
+x_{t+2}.  When the engine asks for a draft after the pending token x_n, the target's features are
+known up to position n - 1, so the real entries run up to t = n - 1 and o_{n-1} gives the
+distribution of x_{n+1}, the first drafted token.  Expanding a drafted node c (a token at sequence
+position m) runs one more entry at position m - 1 with c's embedding and its parent's output in
+place of the unknown real feature; the entry attends to the real entries and to c's ancestors'
+entries, exactly as in training (training-time test).
+
+The tree (greedy, EAGLE-2): the root's ``topk`` likeliest tokens are depth 1; at each further depth
+the ``topk`` nodes with the highest *cumulative* probability (the product of the head's
+probabilities along the path) are expanded, each into its ``topk`` likeliest children; finally the
+k nodes with the highest cumulative probability are kept (a child's never exceeds its parent's, so
+they form a tree) and emitted depth-first, likeliest child first.  The cumulative probabilities are
+the proposal's confidence, which the adaptive controller calibrates and trims by.  Greedy drafts are
+one-hot (deterministic), so verification is exact whatever the head says.
+
+Under sampling the head drafts a chain: each token drawn from q, the head's distribution over its
+reduced vocabulary processed like the target's (temperature, top-k, top-p) and zero outside the
+vocabulary, and q is returned for exact rejection sampling.
+
+Drafting runs per sequence; the head's key/value entries of real positions are kept per sequence
+and extended with the positions committed since the last step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
+from specserve.drafters.heads import Matmul, check_head_path, describe_head, head_path, open_head
+from specserve.drafters.registry import register
+from specserve.errors import SpecserveError
+from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+from specserve.train.heads import rotary
+
+
+def _positive(name: str):
+    def check(v: int) -> int:
+        if v < 1:
+            raise SpecserveError(f"eagle option {name} must be >= 1, got {v}")
+        return v
+    return check
+
+
+class _Seq:
+    """One sequence's head state: features of committed positions, and the head's real entries."""
+
+    def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None):
+        self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_feat
+        self.n_feat = 0
+        self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
+        self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
+        self.n_real = 0
+        self.last: Tensor | None = None                     # output of the newest real entry [hidden]
+        self.gen = gen
+
+    def reserve(self, n: int) -> None:
+        """Room for n positions (real entries plus a tree's scratch), growing by doubling."""
+        cap = self.g.shape[0]
+        if n <= cap:
+            return
+        new = max(n, 2 * cap)
+        for name in ("g", "k", "v"):
+            old = getattr(self, name)
+            grown = torch.empty((new,) + tuple(old.shape[1:]))
+            grown[:cap] = old
+            setattr(self, name, grown)
+
+
+@register("eagle")
+class EagleDrafter(Drafter):
+    tree = True
+    confidence = True
+    max_auto_draft = 24
+    options = (Option("head", str, "default", "head folder, or 'default': the head shipped for the default model",
+                      check=check_head_path),
+               Option("topk", int, 8, "children per expanded node, and nodes expanded per depth", check=_positive("topk")),
+               Option("depth", int, 6, "deepest drafted token", check=_positive("depth")))
+
+    def __init__(self, target: Any, head: str = "default", topk: int = 8, depth: int = 6):
+        self.target = target
+        self.cfg, module, self.vocab_ids = open_head("eagle", head, target)
+        self.head_dir = str(head_path("eagle", head))
+        self.topk, self.max_tree_depth = topk, depth
+        self.feature_layers = tuple(self.cfg.feature_layers)
+        m = target.model
+        self.head = module
+        self.lin = {name: Matmul(getattr(module, name).weight, None, m)
+                    for name in ("fuse", "fc", "q", "kv", "o", "gate_up", "down")}
+        rows = m.weight_rows("lm_head", self.vocab_ids).cpu()
+        self.lm = Matmul(rows, None, m)
+        self.vocab_list = self.vocab_ids.tolist()
+        self.vocab_size = target.config.vocab_size
+        self.seqs: dict[int, _Seq] = {}
+        self.max_len = 4096
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def bind(self, max_batch: int, max_len: int) -> None:
+        self.max_len = max_len
+
+    def describe(self) -> dict:
+        return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
+
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
+        gen = None
+        if not sampling.greedy:
+            gen = torch.Generator()
+            gen.manual_seed((sampling.seed + 2) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
+        c = self.cfg
+        self.seqs[seq_id] = _Seq(len(prompt) + 256, c.hidden_size, c.num_kv_heads, c.head_dim, gen)
+
+    def end(self, seq_id: int) -> None:
+        self.seqs.pop(seq_id, None)
+
+    @torch.inference_mode()
+    def feedback(self, fb: Feedback) -> None:
+        s = self.seqs.get(fb.seq_id)
+        if s is None or not fb.features:
+            return
+        feats = torch.stack([fb.features[l].float().cpu() for l in self.feature_layers], 1)    # [n, F, hidden]
+        n = feats.shape[0]
+        s.reserve(s.n_feat + n + self.max_tree_depth * self.topk + 1)
+        s.g[s.n_feat:s.n_feat + n] = self.lin["fuse"](feats.flatten(1))
+        s.n_feat += n
+
+    # -- the head ----------------------------------------------------------------------------------------
+    def _entries(self, s: _Seq, g: Tensor, tokens: list[int], pos: Tensor, at: int, mask: Tensor | None) -> Tensor:
+        """Run head entries: g [M, hidden] state inputs, tokens (M embeddings), pos [M] rotary positions;
+        their keys/values are written at slots at..at+M-1.  Keys visible: slots [0, at + M) under
+        ``mask`` [M, at + M] (None: causal over the slots).  Returns the outputs [M, hidden]."""
+        h, c = self.head, self.cfg
+        emb = self.target.model.weight_rows("embed", torch.tensor(tokens)).cpu()
+        x = self.lin["fc"](torch.cat([h.emb_norm(emb), h.feat_norm(g)], -1))
+        hn = h.attn_norm(x)
+        q = self.lin["q"](hn).view(-1, c.num_heads, c.head_dim)
+        k, v = self.lin["kv"](hn).view(-1, 2, c.num_kv_heads, c.head_dim).unbind(1)
+        q, k = rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta)
+        m = len(tokens)
+        s.k[at:at + m], s.v[at:at + m] = k, v
+        keys, vals = s.k[:at + m], s.v[:at + m]
+        rep = c.num_heads // c.num_kv_heads
+        scores = torch.einsum("qhd,khd->hqk", q, keys.repeat_interleave(rep, 1)) / math.sqrt(c.head_dim)
+        if mask is None:
+            mask = torch.ones(m, at + m, dtype=torch.bool).tril(at)
+        att = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
+                           vals.repeat_interleave(rep, 1)).reshape(m, -1)
+        x = x + self.lin["o"](att)
+        a, b = self.lin["gate_up"](h.ffn_norm(x)).chunk(2, -1)
+        return x + self.lin["down"](torch.nn.functional.silu(a) * b)
+
+    def _logits(self, o: Tensor) -> Tensor:
+        """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
+        return self.lm(self.head.norm(o))
+
+    def _catch_up(self, s: _Seq, tokens: list[int]) -> None:
+        """Real entries for every position whose features and next token are known (t <= n - 1)."""
+        n = len(tokens) - 1                                    # the pending token's position
+        if s.n_feat != n:
+            raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {n}")
+        lo = s.n_real
+        if lo < n:
+            pos = torch.arange(lo, n)
+            out = self._entries(s, s.g[lo:n], tokens[lo + 1:n + 1], pos, lo, None)
+            s.n_real, s.last = n, out[-1]
+
+    # -- drafting ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        out = []
+        for r in requests:
+            s = self.seqs[r.seq_id]
+            self._catch_up(s, r.tokens)
+            depth = min(self.max_tree_depth, r.max_depth, r.k)
+            if r.k <= 0 or depth <= 0 or s.last is None:
+                out.append(DraftProposal([]))
+            elif r.sampling.greedy:
+                out.append(self._tree(s, len(r.tokens) - 1, r.k, depth))
+            else:
+                out.append(self._chain(s, len(r.tokens) - 1, depth, r.sampling))
+        return out
+
+    def _tree(self, s: _Seq, n: int, budget: int, depth: int) -> DraftProposal:
+        """EAGLE-2's dynamic tree (module docstring) after pending position n."""
+        kk = min(self.topk, len(self.vocab_ids))
+        logp = self._logits(s.last[None]).log_softmax(-1)[0]
+        top = logp.topk(kk)
+        tokens = [self.vocab_list[i] for i in top.indices.tolist()]
+        parents, cum = [-1] * kk, top.values.tolist()
+        depths, slot = [1] * kk, [-1] * kk                     # slot: the node's head entry (-1: none yet)
+        outputs: dict[int, Tensor] = {}
+        frontier = list(range(kk))
+        for d in range(1, depth):
+            expand = sorted(frontier, key=lambda i: -cum[i])[:kk]
+            at = s.n_real + sum(1 for x in slot if x >= 0)
+            for j, i in enumerate(expand):
+                slot[i] = at + j
+            mask = torch.zeros(len(expand), at + len(expand), dtype=torch.bool)
+            mask[:, :s.n_real] = True
+            for j, i in enumerate(expand):
+                a = i
+                while a >= 0:
+                    mask[j, slot[a]] = True
+                    a = parents[a]
+            g = torch.stack([s.last if parents[i] < 0 else outputs[parents[i]] for i in expand])
+            o = self._entries(s, g, [tokens[i] for i in expand], torch.tensor([n - 1 + d] * len(expand)), at, mask)
+            lp = self._logits(o).log_softmax(-1)
+            top = lp.topk(kk)
+            frontier = []
+            for j, i in enumerate(expand):
+                outputs[i] = o[j]
+                for v, t in zip(top.values[j].tolist(), top.indices[j].tolist()):
+                    tokens.append(self.vocab_list[t])
+                    parents.append(i)
+                    cum.append(cum[i] + v)
+                    depths.append(d + 1)
+                    slot.append(-1)
+                    frontier.append(len(tokens) - 1)
+        keep = sorted(range(len(tokens)), key=lambda i: (-cum[i], depths[i], i))[:budget]
+        return _depth_first(tokens, parents, cum, set(keep))
+
+    def _chain(self, s: _Seq, n: int, depth: int, sampling: SamplingParams) -> DraftProposal:
+        """A sampled chain with its q rows (module docstring)."""
+        tokens, probs, conf = [], [], []
+        o, c = s.last, 1.0
+        for d in range(depth):
+            full = torch.full((self.vocab_size,), float("-inf"))
+            full[self.vocab_ids] = self._logits(o[None])[0]
+            q = processed_probs(full, sampling)
+            tok = int(race(q, exponential_noise(tuple(q.shape), s.gen)))
+            c *= float(q[tok])
+            tokens.append(tok)
+            probs.append(q)
+            conf.append(c)
+            if d + 1 < depth:
+                at = s.n_real + d
+                mask = torch.zeros(1, at + 1, dtype=torch.bool)
+                mask[:, :s.n_real] = True
+                mask[:, s.n_real:] = True                      # the chain's earlier entries and itself
+                o = self._entries(s, o[None], [tok], torch.tensor([n + d]), at, mask)[0]
+        return DraftProposal(tokens, torch.stack(probs), None, conf)
+
+
+def _depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:
+    """The kept nodes (each one's parent kept) in depth-first order, likeliest child first;
+    confidence = exp(score) (score: cumulative log-probability)."""
+    children: dict[int, list[int]] = {}
+    for i in sorted(keep, key=lambda i: -score[i]):
+        children.setdefault(parents[i], []).append(i)
+    order: list[int] = []
+    stack = list(reversed(children.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(children.get(i, [])))
+    index = {old: new for new, old in enumerate(order)}
+    return DraftProposal([tokens[i] for i in order], None, [index.get(parents[i], -1) for i in order],
+                         [math.exp(score[i]) for i in order])

@@ -1,0 +1,80 @@
+"""Shared by the learned drafters: finding a head, fast inference matmuls, and the head's KV cache.
+
+A head is a folder (``head.safetensors`` + ``config.json``, see ``specserve.train.heads``).  The
+``default`` head of a drafter is the one shipped in ``specserve/data/heads/<kind>/`` for the
+default model; a head trained for another target is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specserve.errors import SpecserveError
+from specserve.train.heads import HeadConfig, check_target, load_head
+
+
+def shipped_head(kind: str) -> Path:
+    return Path(str(resources.files("specserve") / "data" / "heads" / kind))
+
+
+def check_head_path(value: str) -> str:
+    """Option check: ``default`` or a folder holding a head."""
+    if value == "default":
+        return value
+    p = Path(value)
+    if not (p / "config.json").exists() or not (p / "head.safetensors").exists():
+        raise SpecserveError(f"no head at {value} (a head folder holds config.json and head.safetensors)")
+    return value
+
+
+def describe_head(cfg: HeadConfig, path: str, vocab: int) -> dict:
+    """A head's record for reports: where it is, its shape and how it was trained."""
+    t = cfg.training
+    return {"head": path, "feature_layers": cfg.feature_layers, "reduced_vocabulary": vocab,
+            "training_command": t.get("command", ""), "training_data": t.get("data", {}),
+            "training_wall_seconds": t.get("wall_seconds"), "validation": t.get("validation", {}),
+            "positions": t.get("settings", {}).get("positions")}
+
+
+def head_path(kind: str, spec: str) -> Path:
+    return shipped_head(kind) if spec == "default" else Path(spec)
+
+
+def open_head(kind: str, spec: str, target) -> tuple[HeadConfig, torch.nn.Module, Tensor]:
+    """Load and check the head ``spec`` (``default``: the shipped one) for ``target``."""
+    path = head_path(kind, spec)
+    if not (path / "config.json").exists():
+        raise SpecserveError(f"no {kind} head is shipped in this install ({path}); train one with "
+                             f"`specserve train {kind} --out DIR` and pass head=DIR")
+    cfg, module, vocab_ids = load_head(path)
+    if cfg.kind != kind:
+        raise SpecserveError(f"the head at {path} is a {cfg.kind} head, not {kind}")
+    check_target(cfg, target, str(path))
+    return cfg, module, vocab_ids
+
+
+class Matmul:
+    """y = x W^T (+ b) with the target runtime's own AVX2 kernels (weights kept in float16) when it is
+    the native CPU runtime, else plain float32 torch.  Heads run on the CPU whatever the target's
+    device (their inputs are moved there)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, model):
+        self.native = getattr(model, "kernel", "") == "native"
+        if self.native:
+            from specserve.models.native import F16, NativeWeight
+            self.w = NativeWeight.from_float(weight.detach().float(), F16)
+            self.b = bias.detach().float().contiguous() if bias is not None else None
+        else:
+            self.w = weight.detach().to("cpu", torch.float32)
+            self.b = bias.detach().to("cpu", torch.float32) if bias is not None else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.native:
+            from specserve.models.native import linear
+            return linear(x.contiguous(), self.w, self.b)
+        y = x @ self.w.T
+        return y + self.b if self.b is not None else y

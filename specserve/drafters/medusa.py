@@ -1,0 +1,122 @@
+"""``medusa``: Medusa-1 heads over the target's last hidden state propose a tree of candidates.
+
+Terms as in ``specserve.train.heads``: block j (0-based) reads f^L_t, the target's final normed
+feature at the newest position whose features are known (t = n - 1 for pending token x_n), and
+predicts x_{t+2+j}, i.e. the token at depth j + 1 of the draft.  The heads share the target's
+LM-head rows over the reduced vocabulary.
+
+Greedy: each depth's ``topk`` likeliest tokens; a node's confidence is the product of its path's head
+probabilities (the heads are independent), and the k most confident nodes are grown best-first
+(a node's product never exceeds its parent's) and emitted depth-first, likeliest child first.
+Sampling: a chain, depth j's token drawn from block j's q (processed like the target's, zero outside
+the reduced vocabulary); q does not depend on the earlier drafted tokens, which is what the heads
+compute, so rejection sampling against it is exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
+from specserve.drafters.eagle import _depth_first, _positive
+from specserve.drafters.heads import Matmul, check_head_path, describe_head, head_path, open_head
+from specserve.drafters.registry import register
+from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+
+
+@register("medusa")
+class MedusaDrafter(Drafter):
+    tree = True
+    confidence = True
+    max_auto_draft = 16
+    options = (Option("head", str, "default", "head folder, or 'default': the heads shipped for the default model",
+                      check=check_head_path),
+               Option("topk", int, 4, "candidate tokens per depth", check=_positive("topk")))
+
+    def __init__(self, target: Any, head: str = "default", topk: int = 4):
+        self.cfg, module, vocab_ids = open_head("medusa", head, target)
+        self.head_dir = str(head_path("medusa", head))
+        self.topk = topk
+        self.feature_layers = tuple(self.cfg.feature_layers)
+        m = target.model
+        self.blocks = [(Matmul(b.weight, b.bias, m)) for b in module.blocks]
+        self.lm = Matmul(m.weight_rows("lm_head", vocab_ids).cpu(), None, m)
+        self.vocab_ids, self.vocab_list = vocab_ids, vocab_ids.tolist()
+        self.vocab_size = target.config.vocab_size
+        self.last: dict[int, Tensor] = {}
+        self.gen: dict[int, torch.Generator] = {}
+
+    def describe(self) -> dict:
+        return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
+
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
+        if not sampling.greedy:
+            g = torch.Generator()
+            g.manual_seed((sampling.seed + 3) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
+            self.gen[seq_id] = g
+
+    def end(self, seq_id: int) -> None:
+        self.last.pop(seq_id, None)
+        self.gen.pop(seq_id, None)
+
+    def feedback(self, fb: Feedback) -> None:
+        f = fb.features.get(self.feature_layers[0])
+        if f is not None and len(f):
+            self.last[fb.seq_id] = f[-1].float().cpu()
+
+    @torch.inference_mode()
+    def _logits(self, f: Tensor, depth: int) -> Tensor:
+        """f [hidden] -> the first ``depth`` blocks' reduced-vocabulary logits [depth, Vr]."""
+        x = f[None]
+        h = torch.cat([x + torch.nn.functional.silu(b(x)) for b in self.blocks[:depth]])
+        return self.lm(h)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        out = []
+        for r in requests:
+            depth = min(len(self.blocks), r.max_depth, r.k)
+            f = self.last.get(r.seq_id)
+            if depth <= 0 or f is None:
+                out.append(DraftProposal([]))
+            elif r.sampling.greedy:
+                out.append(self._tree(self._logits(f, depth).log_softmax(-1), r.k))
+            else:
+                out.append(self._chain(self._logits(f, depth), r.sampling, self.gen[r.seq_id]))
+        return out
+
+    def _tree(self, logp: Tensor, budget: int) -> DraftProposal:
+        """Best-first over the Cartesian product of each depth's top tokens (module docstring)."""
+        top = logp.topk(min(self.topk, logp.shape[1]))
+        vals, idx = top.values.tolist(), top.indices.tolist()
+        depth = len(vals)
+        tokens, parents, score = [], [], []
+        heap = [(-vals[0][c], -1, 0, c) for c in range(len(vals[0]))]      # (-score, parent, depth index, choice)
+        heapq.heapify(heap)
+        while heap and len(tokens) < budget:
+            neg, parent, d, c = heapq.heappop(heap)
+            tokens.append(self.vocab_list[idx[d][c]])
+            parents.append(parent)
+            score.append(-neg)
+            me = len(tokens) - 1
+            if d + 1 < depth:
+                for c2 in range(len(vals[d + 1])):
+                    heapq.heappush(heap, (neg - vals[d + 1][c2], me, d + 1, c2))
+        return _depth_first(tokens, parents, score, set(range(len(tokens))))
+
+    def _chain(self, logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
+        tokens, probs, conf, c = [], [], [], 1.0
+        for row in logits:
+            full = torch.full((self.vocab_size,), float("-inf"))
+            full[self.vocab_ids] = row
+            q = processed_probs(full, sampling)
+            tok = int(race(q, exponential_noise(tuple(q.shape), gen)))
+            c *= float(q[tok])
+            tokens.append(tok)
+            probs.append(q)
+            conf.append(c)
+        return DraftProposal(tokens, torch.stack(probs), None, conf)

@@ -1,0 +1,372 @@
+"""Training a head on self-distillation data: losses, validation acceptance, checkpoints.
+
+The target's distribution p_t at position t (over x_{t+1}) is recomputed from the recorded final
+normed feature and the target's LM-head rows of the reduced vocabulary, renormalised over it.
+
+* EAGLE, with *training-time test* (EAGLE-3): the head is unrolled ``steps`` times over every
+  sequence at once.  Step j (0-based) at position u takes the embedding of x_{u+1} and, for j = 0,
+  the fused real feature g_u, for j > 0 the step j-1 output at u - 1; it attends to the step-0 keys
+  of positions <= u - j (their inputs are real features) and to one key of each later step on its
+  own diagonal (step i at position u - (j - i)), exactly what drafting j + 1 tokens deep attends to.
+  Its output predicts x_{u+2}: loss = sum_j 0.8^j CE(p_{u+1}, q_j(u)).
+* Medusa: block j (0-based) over f^L_t predicts x_{t+2+j}: loss = sum_j 0.8^j CE(p_{t+1+j}, q_j(t)).
+
+Validation acceptance: on the held-out last shard, the mean number of drafted tokens a greedy
+*chain* of ``val_depth`` accepts when the pending token is an answer token (answers are the
+target's greedy output, so a drafted token is accepted iff it equals the next answer token).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specserve.errors import SpecserveError
+from specserve.train.heads import EagleHead, build, new_config, save_head
+
+STEP_DECAY = 0.8
+
+
+@dataclass
+class TrainConfig:
+    kind: str                                # eagle | medusa
+    layers: tuple[int, ...] = ()             # eagle: target feature layers fused (medusa: the final layer)
+    vocab: int = 8192                        # reduced vocabulary size
+    steps: int = 3                           # eagle: training-time-test unroll depth
+    num_medusa: int = 4
+    intermediate_size: int = 0               # eagle MLP width (0: the target's)
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_tokens: int = 4096
+    positions: str = "both"                  # which positions' targets train: answer | prompt | both
+    max_steps: int = 0                       # stop after this many optimiser steps (0: all epochs)
+    val_depth: int = 5
+    checkpoint_every: int = 100
+    seed: int = 0
+    command: str = ""
+
+
+@dataclass
+class Batch:
+    tokens: Tensor        # [B, T] int64 (padded with 0)
+    answer: Tensor        # [B, T] bool: an answer position
+    valid: Tensor         # [B, T] bool: a real (not padding) position
+    feats: Tensor         # [B, T, F, hidden] float32: the head's input layers
+    final: Tensor         # [B, T, hidden] float32: the final normed layer (targets)
+
+
+class Data:
+    """Sequences of a data directory, batched by length; the last shard is the validation split."""
+
+    def __init__(self, meta: dict, shards: list[dict[str, Tensor]], layers: tuple[int, ...]):
+        have = meta["layers"]
+        missing = [l for l in (*layers, meta["num_layers"]) if l not in have]
+        if missing:
+            raise SpecserveError(f"the training data holds layers {have}, not {missing}; make it again")
+        self.cols = [have.index(l) for l in layers]
+        self.final_col = have.index(meta["num_layers"])
+        if len(shards) < 2:
+            raise SpecserveError("training data needs at least two shards (the last is held out for validation)")
+        self.train = [s for sh in shards[:-1] for s in self._split(sh)]
+        self.val = self._split(shards[-1])
+
+    @staticmethod
+    def _split(sh: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        st = sh["seq_start"].tolist()
+        return [{"tokens": sh["tokens"][a:b].long(), "answer": sh["prompt_mask"][a:b] == 0,
+                 "features": sh["features"][a:b]} for a, b in zip(st[:-1], st[1:]) if b - a >= 4]
+
+    def batches(self, seqs: list[dict], batch_tokens: int, rng: random.Random | None) -> list[list[int]]:
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["tokens"]))
+        groups, cur = [], []
+        for i in order:
+            if cur and (len(cur) + 1) * len(seqs[i]["tokens"]) > batch_tokens:
+                groups.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            groups.append(cur)
+        if rng is not None:
+            rng.shuffle(groups)
+        return groups
+
+    def collate(self, seqs: list[dict], idx: list[int]) -> Batch:
+        T = max(len(seqs[i]["tokens"]) for i in idx)
+        B = len(idx)
+        f0 = seqs[idx[0]]["features"]
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        answer = torch.zeros(B, T, dtype=torch.bool)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        feats = torch.zeros(B, T, len(self.cols), f0.shape[-1])
+        final = torch.zeros(B, T, f0.shape[-1])
+        for b, i in enumerate(idx):
+            s, n = seqs[i], len(seqs[i]["tokens"])
+            tokens[b, :n], answer[b, :n], valid[b, :n] = s["tokens"], s["answer"], True
+            feats[b, :n] = s["features"][:, self.cols].float()
+            final[b, :n] = s["features"][:, self.final_col].float()
+        return Batch(tokens, answer, valid, feats, final)
+
+
+def shift(x: Tensor, n: int) -> Tensor:
+    """x [B, T, ...] moved n positions later along T (x'[u] = x[u - n]), zeros first."""
+    if n == 0:
+        return x
+    return torch.cat([torch.zeros_like(x[:, :n]), x[:, :-n]], 1)
+
+
+def eagle_unroll(head: EagleHead, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]:
+    """Training-time test (module docstring): g0 [B, T, hidden] fused real features, emb_next [B, T, hidden]
+    embeddings of x_{u+1} -> ``steps`` outputs [B, T, hidden]; output j at u predicts x_{u+2} (valid for u >= j)."""
+    B, T, _ = g0.shape
+    c = head.cfg
+    pos = torch.arange(T).expand(B, T)
+    rep = c.num_heads // c.num_kv_heads
+    scale = 1.0 / math.sqrt(c.head_dim)
+    ks, vs, outs = [], [], []
+    g_in = g0
+    for j in range(steps):
+        x = head.inputs(g_in, emb_next)
+        q, k, v = head.qkv(x, pos)                                               # [B, T, H(kv), d]
+        ks.append(k.repeat_interleave(rep, 2))
+        vs.append(v.repeat_interleave(rep, 2))
+        s0 = torch.einsum("bqhd,bkhd->bhqk", q, ks[0]) * scale                   # [B, H, T, T]
+        allowed = torch.ones(T, T, dtype=torch.bool).tril(-j)                    # step-0 keys at <= u - j
+        s0 = s0.masked_fill(~allowed, float("-inf"))
+        diag = [torch.einsum("bqhd,bqhd->bhq", q, shift(ks[i], j - i)) * scale for i in range(1, j + 1)]
+        p = torch.cat([s0] + [d[..., None] for d in diag], -1).softmax(-1)      # [B, H, T, T + j]
+        att = torch.einsum("bhqk,bkhd->bqhd", p[..., :T], vs[0])
+        for i in range(1, j + 1):
+            att = att + p[..., T + i - 1].transpose(1, 2)[..., None] * shift(vs[i], j - i)
+        o = head.finish(x, att.flatten(-2))
+        outs.append(o)
+        g_in = shift(o, 1)
+    return outs
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, target, data: Data, out_dir: str):
+        self.cfg, self.target, self.data, self.out = cfg, target, data, Path(out_dir)
+        tcfg = target.config
+        torch.manual_seed(cfg.seed)
+        self.vocab_ids, self.coverage = choose_vocab(data, cfg.vocab, tcfg.vocab_size)
+        self.rows = target.model.weight_rows("lm_head", self.vocab_ids).cpu()                # [Vr, hidden]
+        self.embed = target.model.weight_rows("embed", torch.arange(tcfg.vocab_size)).cpu()  # [V, hidden]
+        self.to_sub = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
+        self.to_sub[self.vocab_ids] = torch.arange(len(self.vocab_ids))
+        self.head_cfg = new_config(cfg.kind, target, list(cfg.layers) if cfg.kind == "eagle" else [tcfg.num_layers],
+                                   cfg.num_medusa if cfg.kind == "medusa" else 0, cfg.intermediate_size)
+        self.module = build(self.head_cfg)
+        self.opt = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step, self.epoch, self.pos_in_epoch = 0, 0, 0
+        self.history: dict = {"step": [], "loss": [], "epoch_val": []}
+
+    # -- targets and losses ------------------------------------------------------------------------
+    def _target_probs(self, final: Tensor) -> Tensor:
+        """final [B, T, hidden] -> p over the reduced vocabulary [B, T, Vr]."""
+        with torch.no_grad():
+            return (final @ self.rows.T).softmax(-1)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        """Head outputs [..., hidden] -> reduced-vocabulary logits [..., Vr]."""
+        if isinstance(self.module, EagleHead):
+            h = self.module.norm(h)
+        return h @ self.rows.T
+
+    def _positions(self, b: Batch) -> Tensor:
+        """[B, T] bool: positions t whose target p_t trains (by the ``positions`` setting)."""
+        pick = {"answer": b.answer, "prompt": ~b.answer, "both": torch.ones_like(b.answer)}[self.cfg.positions]
+        return pick & b.valid
+
+    def outputs(self, b: Batch, steps: int) -> list[Tensor]:
+        """Per step / Medusa block j: logits [B, T, Vr] at u predicting x_{u+2+j}."""
+        if isinstance(self.module, EagleHead):
+            g0 = self.module.fused(b.feats)
+            emb_next = self.embed[b.tokens.roll(-1, 1)]                      # x_{u+1} (last: unused)
+            outs = eagle_unroll(self.module, g0, emb_next, steps)
+            return [self._logits(o) for o in outs]
+        hs = self.module(b.final)                                                 # [B, T, M, hidden]
+        return [self._logits(hs[:, :, j]) for j in range(hs.shape[2])]
+
+    def loss(self, b: Batch) -> Tensor:
+        p = self._target_probs(b.final)                                           # [B, T, Vr]
+        pick = self._positions(b)
+        outs = self.outputs(b, self.cfg.steps)
+        total, weight = 0.0, 0.0
+        for j, logits in enumerate(outs):
+            # eagle step j at u predicts x_{u+2} (target p_{u+1}); medusa block j at u predicts x_{u+2+j}
+            ahead = 1 if isinstance(self.module, EagleHead) else 1 + j
+            first = j if isinstance(self.module, EagleHead) else 0
+            T = logits.shape[1]
+            if T <= ahead + first:
+                continue
+            tgt = p[:, ahead:]
+            lg = logits[:, first:T - ahead]
+            tgt = tgt[:, first:]
+            ok = pick[:, ahead + first:]
+            ce = -(tgt * lg.log_softmax(-1)).sum(-1)                               # [B, T']
+            total = total + STEP_DECAY ** j * (ce * ok).sum() / ok.sum().clamp_min(1)
+            weight += STEP_DECAY ** j
+        return total / max(weight, 1e-9)
+
+    # -- validation ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Mean drafted tokens a greedy chain of ``val_depth`` accepts (module docstring), and per depth."""
+        self.module.eval()
+        depth = self.cfg.val_depth if isinstance(self.module, EagleHead) else self.cfg.num_medusa
+        hits = torch.zeros(depth)
+        starts = 0
+        for idx in self.data.batches(self.data.val, self.cfg.batch_tokens, None):
+            b = self.data.collate(self.data.val, idx)
+            outs = self.outputs(b, depth)
+            preds = [self.vocab_ids[o.argmax(-1)] for o in outs]                 # [B, T] token ids
+            T = b.tokens.shape[1]
+            n = T - depth - 1                                                    # chain starts u0 = 0 .. n-1
+            if n <= 0:
+                continue
+            alive = b.answer[:, 1:n + 1] & b.valid[:, depth + 1:depth + 1 + n]   # pending x_{u0+1} is an answer token
+            starts += int(alive.sum())
+            for j in range(depth):
+                # chain depth j+1 from u0: eagle output j at u0 + j; medusa block j at u0; both predict x_{u0+2+j}
+                at = j if isinstance(self.module, EagleHead) else 0
+                ok = preds[j][:, at:at + n] == b.tokens[:, 2 + j:2 + j + n]
+                alive = alive & ok
+                hits[j] += int(alive.sum())
+        self.module.train()
+        per = (hits / max(starts, 1)).tolist()
+        return {"accepted": sum(per), "by_depth": per, "starts": starts, "depth": depth}
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def total_steps(self) -> int:
+        per_epoch = len(self.data.batches(self.data.train, self.cfg.batch_tokens, None))
+        n = per_epoch * self.cfg.epochs
+        return min(n, self.cfg.max_steps) if self.cfg.max_steps else n
+
+    def lr_at(self, step: int, total: int) -> float:
+        warm = min(50, max(total // 10, 1))
+        if step < warm:
+            return self.cfg.lr * (step + 1) / warm
+        frac = (step - warm) / max(total - warm, 1)
+        return self.cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+    def save_checkpoint(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "checkpoint.tmp"
+        torch.save({"module": self.module.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "epoch": self.epoch, "pos": self.pos_in_epoch, "history": self.history,
+                    "config": asdict(self.cfg), "torch_rng": torch.get_rng_state()}, tmp)
+        tmp.rename(self.out / "checkpoint.pt")
+
+    def resume(self) -> bool:
+        path = self.out / "checkpoint.pt"
+        if not path.exists():
+            return False
+        ck = torch.load(path, weights_only=False)
+        mine = {k: v for k, v in asdict(self.cfg).items() if k not in ("command", "max_steps", "checkpoint_every")}
+        theirs = {k: v for k, v in ck["config"].items() if k in mine}
+        if {k: (list(v) if isinstance(v, tuple) else v) for k, v in mine.items()} != \
+                {k: (list(v) if isinstance(v, tuple) else v) for k, v in theirs.items()}:
+            raise SpecserveError(f"the checkpoint in {self.out} was made with other settings; use another --out")
+        self.module.load_state_dict(ck["module"])
+        self.opt.load_state_dict(ck["opt"])
+        self.step, self.epoch, self.pos_in_epoch, self.history = ck["step"], ck["epoch"], ck["pos"], ck["history"]
+        torch.set_rng_state(ck["torch_rng"])
+        return True
+
+    def run(self, progress=None) -> dict:
+        total = self.total_steps()
+        t0, tokens = time.perf_counter(), 0
+        ema = None
+        while self.step < total:
+            order = self.data.batches(self.data.train, self.cfg.batch_tokens, random.Random(self.cfg.seed + self.epoch))
+            for bi in range(self.pos_in_epoch, len(order)):
+                if self.step >= total:
+                    break
+                b = self.data.collate(self.data.train, order[bi])
+                for g in self.opt.param_groups:
+                    g["lr"] = self.lr_at(self.step, total)
+                loss = self.loss(b)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
+                self.opt.step()
+                self.step += 1
+                self.pos_in_epoch = bi + 1
+                tokens += int(b.valid.sum())
+                lv = float(loss.detach())
+                ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+                self.history["step"].append(self.step)
+                self.history["loss"].append(lv)
+                if progress:
+                    progress(self.step, total, ema, tokens / (time.perf_counter() - t0))
+                if self.step % self.cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+            if self.pos_in_epoch >= len(order):
+                val = self.validate()
+                self.history["epoch_val"].append({"epoch": self.epoch + 1, "step": self.step, **val})
+                if progress:
+                    progress(self.step, total, ema, tokens / max(time.perf_counter() - t0, 1e-9), val)
+                self.epoch += 1
+                self.pos_in_epoch = 0
+                self.save_checkpoint()
+        if not self.history["epoch_val"] or self.history["epoch_val"][-1]["step"] != self.step:
+            val = self.validate()
+            self.history["epoch_val"].append({"epoch": self.epoch + (self.pos_in_epoch > 0), "step": self.step, **val})
+        self.save_checkpoint()
+        return self.history["epoch_val"][-1]
+
+    def export(self, directory: str, extra: dict) -> None:
+        """The head (module + reduced vocabulary + config with the training record) and its loss curve."""
+        self.head_cfg.training = {"command": self.cfg.command, "settings": asdict(self.cfg),
+                                  "validation": self.history["epoch_val"][-1], "vocab_coverage": self.coverage,
+                                  "epochs": [{k: v for k, v in e.items() if k != "by_depth"} | {"by_depth": [
+                                      round(x, 4) for x in e["by_depth"]]} for e in self.history["epoch_val"]],
+                                  **extra}
+        save_head(directory, self.head_cfg, self.module, self.vocab_ids)
+        plot_history(self.history, Path(directory) / "loss.png", self.cfg.kind)
+
+
+def choose_vocab(data: Data, size: int, vocab_size: int) -> tuple[Tensor, dict]:
+    """The ``size`` most frequent tokens of the training sequences (FR-Spec), and the share of the
+    validation split's answer tokens each of a few sizes would cover."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in data.train:
+        counts += torch.bincount(s["tokens"], minlength=vocab_size)
+    order = counts.argsort(descending=True, stable=True)
+    val = torch.cat([s["tokens"][s["answer"]] for s in data.val]) if data.val else torch.zeros(0, dtype=torch.long)
+    rank = torch.empty(vocab_size, dtype=torch.long)
+    rank[order] = torch.arange(vocab_size)
+    coverage = {str(n): round(float((rank[val] < n).float().mean()), 4) if len(val) else 0.0
+                for n in (1024, 2048, 4096, 8192, 16384, 32768) if n <= vocab_size}
+    size = min(size, vocab_size)
+    return order[:size].sort().values, coverage
+
+
+def plot_history(history: dict, path: Path, kind: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    loss = torch.tensor(history["loss"])
+    if len(loss):
+        w = max(1, len(loss) // 50)
+        smooth = loss.unfold(0, w, 1).mean(-1) if len(loss) >= w else loss
+        ax[0].plot(history["step"][:len(smooth)], smooth.tolist())
+    ax[0].set_xlabel("optimiser step")
+    ax[0].set_ylabel("training loss (smoothed)")
+    ax[0].set_title(f"{kind}: loss")
+    ev = history["epoch_val"]
+    ax[1].plot([e["step"] for e in ev], [e["accepted"] for e in ev], "o-")
+    ax[1].set_xlabel("optimiser step")
+    ax[1].set_ylabel("accepted drafted tokens / step")
+    ax[1].set_title(f"{kind}: validation (greedy chain)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
