@@ -70,7 +70,8 @@ class Sizer:
 
     def budget(self, s: Slot, batch: list[Slot], depth: int) -> int:
         """The node budget to ask the drafter for: a fixed request's own; for auto, the drafter's
-        largest if its nodes carry confidences (trimmed after it proposes), else the chain length that
+        largest if its nodes carry confidences (trimmed after it proposes; a costly drafter is asked for
+        about twice what was kept last, and for nothing while its drafts are not kept), else the chain length that
         maximises this sequence's predicted rate beside the pending tokens of the rest of ``batch``
         (every running sequence, ``s`` among them)."""
         drafter = self.drafters[s.drafter]
@@ -79,8 +80,11 @@ class Sizer:
         top = min(drafter.max_auto_draft, self.max_draft)
         if drafter.confidence or not top:
             # a costly drafter whose last draft was not kept drafts again only to probe
-            if top and self.kept.get(s.seq_id) == 0 and self._costly(s) and not self.probe(s).due():
+            kept = self.kept.get(s.seq_id)
+            if top and kept == 0 and self._costly(s) and not self.probe(s).due():
                 return 0
+            if kept and self._costly(s):         # a costly drafter drafts near what was kept last
+                return min(top, 2 * kept + 2)
             return top
         gains = self.acceptance.chain_gains(s.drafter, s.seq_id, min(top, depth))
         contexts = [o.context for o in batch]

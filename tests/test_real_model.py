@@ -1,6 +1,7 @@
 """The invariants again on the real default model (SmolLM2-135M-Instruct, GGUF Q4_1).
 
-Greedy identity: every drafter (chains, and n-gram trees with k the node budget), at k = 1, 4 and 8, alone (batch of one) and batched, must return
+Greedy identity: every drafter (chains, n-gram trees and the shipped EAGLE and Medusa heads' trees,
+with k the node budget), at k = 1, 4 and 8 and auto, alone (batch of one) and batched, must return
 exactly the token ids of plain greedy decoding, 64 tokens on 10 Spec-Bench prompts (one per
 MT-Bench category, one translation, one math_reasoning).  To keep CI under its time budget, k = 4
 runs on all 10 prompts and k = 1 and 8 on the first ``SPECSERVE_K_PROMPTS`` (default 3); set
@@ -15,6 +16,7 @@ import torch
 from conftest import tiny_model
 from specserve.bench.datasets import MT_BENCH, load_jsonl
 from specserve.drafters import create
+from specserve.errors import SpecserveError
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
 from specserve.models import RuntimeOptions, load_model
@@ -54,7 +56,9 @@ def drafters(llm, plain, prompts):
             "ngram-tree": lambda: create("ngram-tree", target, min_score=0.0),
             "self-draft": lambda: create("draft-model", target, model=target),
             "random-draft": lambda: create("draft-model", target, model=random_draft),
-            "oracle": lambda: oracle}
+            "oracle": lambda: oracle,
+            "eagle": lambda: create("eagle", target),
+            "medusa": lambda: create("medusa", target)}
 
 
 def test_runtime_is_batch_invariant(llm):
@@ -83,7 +87,7 @@ def test_logits_match_transformers_float32(kernels):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8, "auto"])
-@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle", "medusa"])
 def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     """Every drafter, at fixed draft sizes and with ``auto``, alone and batched: plain decoding's tokens."""
     n = len(prompts) if k == 4 else K_PROMPTS
@@ -117,6 +121,19 @@ def test_tree_budget_16_greedy_identity_and_branches_used(llm, prompts, plain, d
     batched = Engine(llm.target, {name: drafters[name]()}, max_batch=len(prompts), max_len=1024)
     outs = batched.generate([Request(p, N_TOKENS, drafter=name, num_draft=16) for p in prompts])
     assert [o.tokens for o in outs] == plain
+
+
+def test_shipped_heads_accept_and_refuse_another_model(llm, prompts, plain, drafters):
+    """The shipped heads draft usefully on the default model (trees of 16 nodes accept more than one
+    token per step on these prompts) and are refused for another target."""
+    for name in ("eagle", "medusa"):
+        eng = Engine(llm.target, {name: drafters[name]()}, max_batch=1, max_len=1024)
+        outs = [eng.generate([Request(p, N_TOKENS, drafter=name, num_draft=16)])[0] for p in prompts[:3]]
+        assert [o.tokens for o in outs] == plain[:3]
+        steps = sum(o.stats.target_passes for o in outs)
+        assert sum(len(o.tokens) for o in outs) / steps > 2.0
+        with pytest.raises(SpecserveError, match="hidden_size"):
+            create(name, tiny_model(seed=0, vocab=llm.target.config.vocab_size, layers=2))
 
 
 def test_greedy_identity_fbgemm_runtime(prompts):

@@ -60,7 +60,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("default", drafters=["ngram"], max_batch=MAX_BATCH, max_len=2048, preload=True)
+    return LLM("default", drafters=["ngram", "eagle", "medusa"], max_batch=MAX_BATCH, max_len=2048, preload=True)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,24 @@ def test_speculation_extension_and_stats(server):
     plain = httpx.post(server.url + "/v1/completions", json=body | {"speculative": {"drafter": "none"}}, timeout=120).json()
     assert plain["choices"][0]["text"] == r["choices"][0]["text"]
     assert plain["speculative_stats"]["mean_accepted_length"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa"])
+def test_learned_drafters_per_request(server, name):
+    """The shipped heads through the server: greedy (streamed) equals plain, sampling is served."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "List three colours."}],
+            "max_tokens": 24, "temperature": 0}
+    plain = httpx.post(server.url + "/v1/chat/completions", json=body | {"speculative": {"drafter": "none"}},
+                       timeout=120).json()["choices"][0]["message"]["content"]
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                      json=body | {"stream": True, "speculative": {"drafter": name}}) as r:
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+    text = "".join(json.loads(ln)["choices"][0]["delta"].get("content") or "" for ln in lines
+                   if json.loads(ln)["choices"])
+    assert text == plain
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                   json=body | {"temperature": 0.7, "top_p": 0.9, "seed": 3, "speculative": {"drafter": name}})
+    assert r.status_code == 200 and r.json()["speculative_stats"]["drafter"] == name
 
 
 def test_tree_drafter_and_default_draft_lengths(server, llm):

@@ -11,8 +11,9 @@ entries, exactly as in training (training-time test).
 
 The tree (greedy, EAGLE-2): the root's ``topk`` likeliest tokens are depth 1; at each further depth
 the ``topk`` nodes with the highest *cumulative* probability (the product of the head's
-probabilities along the path) are expanded, each into its ``topk`` likeliest children; finally the
-k nodes with the highest cumulative probability are kept (a child's never exceeds its parent's, so
+probabilities along the path) are expanded, each into its ``topk`` likeliest children (``topk``
+capped at the budget k; a node that can no longer reach the top k is not expanded, which keeps a
+small budget's drafting cheap); finally the k nodes with the highest cumulative probability are kept (a child's never exceeds its parent's, so
 they form a tree) and emitted depth-first, likeliest child first.  The cumulative probabilities are
 the proposal's confidence, which the adaptive controller calibrates and trims by.  Greedy drafts are
 one-hot (deterministic), so verification is exact whatever the head says.
@@ -34,19 +35,10 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.heads import Matmul, check_head_path, describe_head, head_path, open_head
+from specserve.drafters.heads import Matmul, depth_first, describe_head, head_option, head_path, open_head, positive
 from specserve.drafters.registry import register
-from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
 from specserve.train.heads import rotary
-
-
-def _positive(name: str):
-    def check(v: int) -> int:
-        if v < 1:
-            raise SpecserveError(f"eagle option {name} must be >= 1, got {v}")
-        return v
-    return check
 
 
 class _Seq:
@@ -79,10 +71,9 @@ class EagleDrafter(Drafter):
     tree = True
     confidence = True
     max_auto_draft = 24
-    options = (Option("head", str, "default", "head folder, or 'default': the head shipped for the default model",
-                      check=check_head_path),
-               Option("topk", int, 8, "children per expanded node, and nodes expanded per depth", check=_positive("topk")),
-               Option("depth", int, 6, "deepest drafted token", check=_positive("depth")))
+    options = (head_option("eagle"),
+               Option("topk", int, 8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk")),
+               Option("depth", int, 6, "deepest drafted token", check=positive("eagle", "depth")))
 
     def __init__(self, target: Any, head: str = "default", topk: int = 8, depth: int = 6):
         self.target = target
@@ -145,12 +136,13 @@ class EagleDrafter(Drafter):
         m = len(tokens)
         s.k[at:at + m], s.v[at:at + m] = k, v
         keys, vals = s.k[:at + m], s.v[:at + m]
-        rep = c.num_heads // c.num_kv_heads
-        scores = torch.einsum("qhd,khd->hqk", q, keys.repeat_interleave(rep, 1)) / math.sqrt(c.head_dim)
+        # grouped-query attention without copying keys: q [m, Hkv, rep, d] against k [K, Hkv, d]
+        q = q.view(m, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
+        scores = torch.einsum("qgrd,kgd->grqk", q, keys) * (1.0 / math.sqrt(c.head_dim))
         if mask is None:
             mask = torch.ones(m, at + m, dtype=torch.bool).tril(at)
-        att = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
-                           vals.repeat_interleave(rep, 1)).reshape(m, -1)
+        att = torch.einsum("grqk,kgd->qgrd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
+                           vals).reshape(m, -1)
         x = x + self.lin["o"](att)
         a, b = self.lin["gate_up"](h.ffn_norm(x)).chunk(2, -1)
         return x + self.lin["down"](torch.nn.functional.silu(a) * b)
@@ -187,8 +179,10 @@ class EagleDrafter(Drafter):
         return out
 
     def _tree(self, s: _Seq, n: int, budget: int, depth: int) -> DraftProposal:
-        """EAGLE-2's dynamic tree (module docstring) after pending position n."""
-        kk = min(self.topk, len(self.vocab_ids))
+        """EAGLE-2's dynamic tree (module docstring) after pending position n.  Only nodes that can
+        still reach the final top-``budget`` are expanded: a node whose cumulative probability is
+        not above the budget-th best so far cannot, since its children's never exceed its own."""
+        kk = min(self.topk, len(self.vocab_ids), budget)
         logp = self._logits(s.last[None]).log_softmax(-1)[0]
         top = logp.topk(kk)
         tokens = [self.vocab_list[i] for i in top.indices.tolist()]
@@ -196,9 +190,14 @@ class EagleDrafter(Drafter):
         depths, slot = [1] * kk, [-1] * kk                     # slot: the node's head entry (-1: none yet)
         outputs: dict[int, Tensor] = {}
         frontier = list(range(kk))
+        used = 0
         for d in range(1, depth):
-            expand = sorted(frontier, key=lambda i: -cum[i])[:kk]
-            at = s.n_real + sum(1 for x in slot if x >= 0)
+            bar = sorted(cum, reverse=True)[budget - 1] if len(cum) >= budget else float("-inf")
+            expand = [i for i in sorted(frontier, key=lambda i: -cum[i])[:kk] if cum[i] > bar]
+            if not expand:
+                break
+            at = s.n_real + used
+            used += len(expand)
             for j, i in enumerate(expand):
                 slot[i] = at + j
             mask = torch.zeros(len(expand), at + len(expand), dtype=torch.bool)
@@ -210,8 +209,7 @@ class EagleDrafter(Drafter):
                     a = parents[a]
             g = torch.stack([s.last if parents[i] < 0 else outputs[parents[i]] for i in expand])
             o = self._entries(s, g, [tokens[i] for i in expand], torch.tensor([n - 1 + d] * len(expand)), at, mask)
-            lp = self._logits(o).log_softmax(-1)
-            top = lp.topk(kk)
+            top = self._logits(o).log_softmax(-1).topk(kk)
             frontier = []
             for j, i in enumerate(expand):
                 outputs[i] = o[j]
@@ -223,7 +221,7 @@ class EagleDrafter(Drafter):
                     slot.append(-1)
                     frontier.append(len(tokens) - 1)
         keep = sorted(range(len(tokens)), key=lambda i: (-cum[i], depths[i], i))[:budget]
-        return _depth_first(tokens, parents, cum, set(keep))
+        return depth_first(tokens, parents, cum, set(keep))
 
     def _chain(self, s: _Seq, n: int, depth: int, sampling: SamplingParams) -> DraftProposal:
         """A sampled chain with its q rows (module docstring)."""
@@ -245,20 +243,3 @@ class EagleDrafter(Drafter):
                 mask[:, s.n_real:] = True                      # the chain's earlier entries and itself
                 o = self._entries(s, o[None], [tok], torch.tensor([n + d]), at, mask)[0]
         return DraftProposal(tokens, torch.stack(probs), None, conf)
-
-
-def _depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:
-    """The kept nodes (each one's parent kept) in depth-first order, likeliest child first;
-    confidence = exp(score) (score: cumulative log-probability)."""
-    children: dict[int, list[int]] = {}
-    for i in sorted(keep, key=lambda i: -score[i]):
-        children.setdefault(parents[i], []).append(i)
-    order: list[int] = []
-    stack = list(reversed(children.get(-1, [])))
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        stack.extend(reversed(children.get(i, [])))
-    index = {old: new for new, old in enumerate(order)}
-    return DraftProposal([tokens[i] for i in order], None, [index.get(parents[i], -1) for i in order],
-                         [math.exp(score[i]) for i in order])

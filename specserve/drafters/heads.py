@@ -1,18 +1,21 @@
 """Shared by the learned drafters: finding a head, fast inference matmuls, and the head's KV cache.
 
-A head is a folder (``head.safetensors`` + ``config.json``, see ``specserve.train.heads``).  The
+A head is a folder (``head.safetensors`` + ``config.json``, see ``specserve.train.heads``).  Also
+here: the options the learned drafters share, and the depth-first emission of a scored tree.  The
 ``default`` head of a drafter is the one shipped in ``specserve/data/heads/<kind>/`` for the
 default model; a head trained for another target is refused with the reason.
 """
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from specserve.drafters.base import DraftProposal, Option
 from specserve.errors import SpecserveError
 from specserve.train.heads import HeadConfig, check_target, load_head
 
@@ -78,3 +81,34 @@ class Matmul:
             return linear(x.contiguous(), self.w, self.b)
         y = x @ self.w.T
         return y + self.b if self.b is not None else y
+
+
+def positive(drafter: str, name: str):
+    def check(v: int) -> int:
+        if v < 1:
+            raise SpecserveError(f"{drafter} option {name} must be >= 1, got {v}")
+        return v
+    return check
+
+
+def head_option(kind: str) -> Option:
+    """The ``head`` option every learned drafter declares."""
+    return Option("head", str, "default", f"head folder, or 'default': the {kind} head shipped for the default model",
+                  check=check_head_path)
+
+
+def depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:
+    """The kept nodes (each one's parent kept) in depth-first order, likeliest child first;
+    confidence = exp(score) (score: cumulative log-probability)."""
+    children: dict[int, list[int]] = {}
+    for i in sorted(keep, key=lambda i: -score[i]):
+        children.setdefault(parents[i], []).append(i)
+    order: list[int] = []
+    stack = list(reversed(children.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(children.get(i, [])))
+    index = {old: new for new, old in enumerate(order)}
+    return DraftProposal([tokens[i] for i in order], None, [index.get(parents[i], -1) for i in order],
+                         [math.exp(score[i]) for i in order])

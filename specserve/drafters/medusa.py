@@ -22,8 +22,7 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.eagle import _depth_first, _positive
-from specserve.drafters.heads import Matmul, check_head_path, describe_head, head_path, open_head
+from specserve.drafters.heads import Matmul, depth_first, describe_head, head_option, head_path, open_head, positive
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
 
@@ -33,9 +32,8 @@ class MedusaDrafter(Drafter):
     tree = True
     confidence = True
     max_auto_draft = 16
-    options = (Option("head", str, "default", "head folder, or 'default': the heads shipped for the default model",
-                      check=check_head_path),
-               Option("topk", int, 4, "candidate tokens per depth", check=_positive("topk")))
+    options = (head_option("medusa"),
+               Option("topk", int, 4, "candidate tokens per depth", check=positive("medusa", "topk")))
 
     def __init__(self, target: Any, head: str = "default", topk: int = 4):
         self.cfg, module, vocab_ids = open_head("medusa", head, target)
@@ -106,7 +104,7 @@ class MedusaDrafter(Drafter):
             if d + 1 < depth:
                 for c2 in range(len(vals[d + 1])):
                     heapq.heappush(heap, (neg - vals[d + 1][c2], me, d + 1, c2))
-        return _depth_first(tokens, parents, score, set(range(len(tokens))))
+        return depth_first(tokens, parents, score, set(range(len(tokens))))
 
     def _chain(self, logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
         tokens, probs, conf, c = [], [], [], 1.0
