@@ -81,8 +81,9 @@ class Sizer:
         if drafter.confidence or not top:
             # a costly drafter whose last draft was not kept drafts again only to probe
             kept = self.kept.get(s.seq_id)
-            if top and kept == 0 and self._costly(s) and not self.probe(s).due():
-                return 0
+            if top and kept == 0 and self._costly(s):
+                # not kept last time: draft again only to probe, and then small (the probe keeps one node)
+                return min(top, 2) if self.probe(s).due() else 0
             if kept and self._costly(s):         # a costly drafter drafts near what was kept last
                 return min(top, 2 * kept + 2)
             return top

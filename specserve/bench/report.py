@@ -100,22 +100,32 @@ def _sampling(cfg: dict) -> str:
             f"{cfg.get('seed', 0)} + i; the output distribution is the target's, the tokens differ by method)")
 
 
+def _short(path: str) -> str:
+    """A shipped head's path from the package folder on."""
+    i = path.find("specserve/data/heads/")
+    return path[i:] if i >= 0 else path
+
+
 def _learned(doc: dict) -> list[str]:
     """Where each learned drafter's head came from."""
-    rows = [(label, d) for label, d in doc.get("drafters", {}).items() if d.get("head")]
-    if not rows:
+    heads: dict[str, tuple[list[str], dict]] = {}
+    for label, d in doc.get("drafters", {}).items():
+        if d.get("head"):
+            heads.setdefault(d["head"], ([], d))[0].append(label)
+    if not heads:
         return []
     out = ["", "## Learned drafters: the heads behind them", "",
-           "| method | head | features | reduced vocabulary | trained on | training | validation (greedy chain) |",
+           "| methods | head | features | reduced vocabulary | trained on | training | validation (greedy chain) |",
            "|---|---|---|---|---|---|---|"]
-    for label, d in rows:
+    for labels, d in heads.values():
+        label = ", ".join(labels)
         data, val = d.get("training_data", {}), d.get("validation", {})
         trained = (f"{data.get('train_sequences', '?')} sequences, {data.get('train_positions', '?')} positions "
                    f"({d.get('positions')} positions; {data.get('prompts', '?')} prompts answered by the target)")
         secs = d.get("training_wall_seconds")
         how = f"`{d.get('training_command', '')}`" + (f", {secs / 60:.0f} min" if secs else "")
         acc = (f"{val['accepted']:.2f} tokens / step of a {val['depth']}-deep chain" if val else "-")
-        out.append(f"| {label} | `{d['head']}` | {d.get('feature_layers')} | {d.get('reduced_vocabulary')} | "
+        out.append(f"| {label} | `{_short(d['head'])}` | {d.get('feature_layers')} | {d.get('reduced_vocabulary')} | "
                    f"{trained} | {how} | {acc} |")
     return out
 

@@ -23,7 +23,8 @@ reduced vocabulary processed like the target's (temperature, top-k, top-p) and z
 vocabulary, and q is returned for exact rejection sampling.
 
 Drafting runs per sequence; the head's key/value entries of real positions are kept per sequence
-and extended with the positions committed since the last step.
+and extended, when a draft is next asked for, with the positions committed since the last one (a
+step that asks for no draft costs nothing beyond keeping the features).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.heads import Matmul, depth_first, describe_head, head_option, head_path, open_head, positive
+from specserve.drafters.heads import (Matmul, depth_first, describe_head, head_option, head_path, open_head,
+                                      positive, sample_reduced)
 from specserve.drafters.registry import register
-from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+from specserve.sampling import SamplingParams
 from specserve.train.heads import rotary
 
 
@@ -45,8 +47,10 @@ class _Seq:
     """One sequence's head state: features of committed positions, and the head's real entries."""
 
     def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None):
-        self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_feat
-        self.n_feat = 0
+        self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_fused
+        self.n_fused = 0
+        self.raw: list[Tensor] = []                         # features not fused yet ([n, F, hidden] each)
+        self.n_feat = 0                                     # positions whose features arrived
         self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
         self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
         self.n_real = 0
@@ -116,10 +120,8 @@ class EagleDrafter(Drafter):
         if s is None or not fb.features:
             return
         feats = torch.stack([fb.features[l].float().cpu() for l in self.feature_layers], 1)    # [n, F, hidden]
-        n = feats.shape[0]
-        s.reserve(s.n_feat + n + self.max_tree_depth * self.topk + 1)
-        s.g[s.n_feat:s.n_feat + n] = self.lin["fuse"](feats.flatten(1))
-        s.n_feat += n
+        s.raw.append(feats)                                   # fused when next drafted from (lazily:
+        s.n_feat += feats.shape[0]                            # no work while no draft is asked for)
 
     # -- the head ----------------------------------------------------------------------------------------
     def _entries(self, s: _Seq, g: Tensor, tokens: list[int], pos: Tensor, at: int, mask: Tensor | None) -> Tensor:
@@ -156,6 +158,10 @@ class EagleDrafter(Drafter):
         n = len(tokens) - 1                                    # the pending token's position
         if s.n_feat != n:
             raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {n}")
+        if s.raw:
+            s.reserve(n + self.max_tree_depth * self.topk + 1)
+            s.g[s.n_fused:n] = self.lin["fuse"](torch.cat(s.raw).flatten(1))
+            s.raw, s.n_fused = [], n
         lo = s.n_real
         if lo < n:
             pos = torch.arange(lo, n)
@@ -168,9 +174,10 @@ class EagleDrafter(Drafter):
         out = []
         for r in requests:
             s = self.seqs[r.seq_id]
-            self._catch_up(s, r.tokens)
             depth = min(self.max_tree_depth, r.max_depth, r.k)
-            if r.k <= 0 or depth <= 0 or s.last is None:
+            if depth > 0:
+                self._catch_up(s, r.tokens)                   # positions committed since the last draft
+            if depth <= 0 or s.last is None:
                 out.append(DraftProposal([]))
             elif r.sampling.greedy:
                 out.append(self._tree(s, len(r.tokens) - 1, r.k, depth))
@@ -228,11 +235,8 @@ class EagleDrafter(Drafter):
         tokens, probs, conf = [], [], []
         o, c = s.last, 1.0
         for d in range(depth):
-            full = torch.full((self.vocab_size,), float("-inf"))
-            full[self.vocab_ids] = self._logits(o[None])[0]
-            q = processed_probs(full, sampling)
-            tok = int(race(q, exponential_noise(tuple(q.shape), s.gen)))
-            c *= float(q[tok])
+            tok, p, q = sample_reduced(self._logits(o[None])[0], self.vocab_ids, self.vocab_size, sampling, s.gen)
+            c *= p
             tokens.append(tok)
             probs.append(q)
             conf.append(c)

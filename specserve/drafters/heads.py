@@ -17,6 +17,7 @@ from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, Option
 from specserve.errors import SpecserveError
+from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
 from specserve.train.heads import HeadConfig, check_target, load_head
 
 
@@ -89,6 +90,21 @@ def positive(drafter: str, name: str):
             raise SpecserveError(f"{drafter} option {name} must be >= 1, got {v}")
         return v
     return check
+
+
+def sample_reduced(logits: Tensor, vocab_ids: Tensor, vocab_size: int, sampling: SamplingParams,
+                   gen: torch.Generator) -> tuple[int, float, Tensor]:
+    """Draw one token from a head's logits over its reduced vocabulary.
+
+    logits: [Vr] over ``vocab_ids`` [Vr].  Temperature, top-k and top-p over the Vr tokens give the
+    same law as over the whole vocabulary with the others at -inf (they have no mass and sort last),
+    at a fraction of the cost.  Returns (token id, its probability, q [V] zero outside the subset).
+    """
+    q_sub = processed_probs(logits, sampling)                                   # [Vr]
+    i = int(race(q_sub, exponential_noise(tuple(q_sub.shape), gen)))
+    q = torch.zeros(vocab_size)
+    q[vocab_ids] = q_sub
+    return int(vocab_ids[i]), float(q_sub[i]), q
 
 
 def head_option(kind: str) -> Option:

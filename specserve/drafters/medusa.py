@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.heads import Matmul, depth_first, describe_head, head_option, head_path, open_head, positive
+from specserve.drafters.heads import (Matmul, depth_first, describe_head, head_option, head_path, open_head,
+                                      positive, sample_reduced)
 from specserve.drafters.registry import register
-from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+from specserve.sampling import SamplingParams
 
 
 @register("medusa")
@@ -109,11 +110,8 @@ class MedusaDrafter(Drafter):
     def _chain(self, logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
         tokens, probs, conf, c = [], [], [], 1.0
         for row in logits:
-            full = torch.full((self.vocab_size,), float("-inf"))
-            full[self.vocab_ids] = row
-            q = processed_probs(full, sampling)
-            tok = int(race(q, exponential_noise(tuple(q.shape), gen)))
-            c *= float(q[tok])
+            tok, p, q = sample_reduced(row, self.vocab_ids, self.vocab_size, sampling, gen)
+            c *= p
             tokens.append(tok)
             probs.append(q)
             conf.append(c)
