@@ -213,7 +213,9 @@ BAD = [
     ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), "model"),
     ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "max_tokens": 5000}).encode(), "max_tokens"),
     ("/v1/completions", json.dumps({"model": "default", "prompt": "word " * 3000}).encode(), "max_tokens"),
-    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"drafter": "medusa"}}).encode(),
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"drafter": "oracle"}}).encode(),
+     "speculative.drafter"),                                            # known, but not loaded by this server
+    ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"drafter": "bogus"}}).encode(),
      "speculative.drafter"),
     ("/v1/completions", json.dumps({"model": "default", "prompt": "x", "speculative": {"num_draft": -3}}).encode(),
      "speculative.num_draft"),
