@@ -241,9 +241,6 @@ class EagleDrafter(Drafter):
             probs.append(q)
             conf.append(c)
             if d + 1 < depth:
-                at = s.n_real + d
-                mask = torch.zeros(1, at + 1, dtype=torch.bool)
-                mask[:, :s.n_real] = True
-                mask[:, s.n_real:] = True                      # the chain's earlier entries and itself
-                o = self._entries(s, o[None], [tok], torch.tensor([n + d]), at, mask)[0]
+                # causal over the slots: the real entries, the chain's earlier entries and itself
+                o = self._entries(s, o[None], [tok], torch.tensor([n + d]), s.n_real + d, None)[0]
         return DraftProposal(tokens, torch.stack(probs), None, conf)
