@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from specserve.errors import SpecserveError
 
@@ -76,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-waiting", type=int, default=64, help="waiting-queue bound; beyond it: 429")
     v.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request gets a 504")
     v.add_argument("--served-model-name", default=None, help="the model name clients send (default: 'default' or the path)")
+    v.add_argument("--prefill-chunk", type=int, default=256, help="most prompt tokens one engine step takes "
+                   "(a multiple of 16); prompts enter the running batch in chunks")
+    v.add_argument("--no-chunked-prefill", action="store_true", help="prefill every prompt whole, in one step "
+                   "(running streams wait for it)")
+    v.add_argument("--prefill-stall", type=float, default=2.0, help="while streams run, a step with prompt chunks "
+                   "is sized to take at most this many times the step without them")
+    v.add_argument("--prefix-cache-mb", type=float, default=1024, help="memory for reusing the KV of earlier "
+                   "prompts' prefixes (least recently used blocks are evicted)")
+    v.add_argument("--no-prefix-cache", action="store_true", help="never reuse earlier prompts' KV")
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
     b.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
     b.add_argument("--methods", default=DEFAULT_METHODS,
@@ -101,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="first prompt's sampling seed")
     b.add_argument("--endpoint", default=None, help="benchmark a running OpenAI-compatible server instead")
     b.add_argument("--endpoint-model", default="default", help="model name to send to --endpoint")
+    b.add_argument("--system-prompt", default=None, help="with --endpoint: a text file sent as the system message "
+                   "of every request (a shared prefix)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
     b.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -128,6 +140,17 @@ def _ints(text: str, flag: str) -> list[int]:
         raise SpecserveError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
+def _system_prompt(args: argparse.Namespace) -> str | None:
+    if args.system_prompt is None:
+        return None
+    if not args.endpoint:
+        raise SpecserveError("--system-prompt is for --endpoint runs")
+    try:
+        return Path(args.system_prompt).read_text()
+    except OSError as e:
+        raise SpecserveError(f"--system-prompt: cannot read {args.system_prompt}: {e.strerror}") from None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from specserve.bench.report import render_report
     from specserve.bench.runner import BenchConfig, run_bench
@@ -146,7 +169,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       peer_k=args.peer_k,
                       cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
                       cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots,
-                      temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                      temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                      system_prompt=_system_prompt(args))
     if args.endpoint:
         from specserve.bench.report import render_endpoint_report
         from specserve.bench.runner import run_endpoint_bench
@@ -211,6 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specserve.llm import LLM
     from specserve.models.loader import RuntimeOptions, resolve_model_path
+    from specserve.prefill import PrefillPolicy
     from specserve.server.app import create_app
 
     specs = _drafter_specs(args)
@@ -219,8 +244,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1 or args.max_waiting < 0:
         raise SpecserveError("--max-batch must be >= 1 and --max-waiting >= 0")
     path = resolve_model_path(args.model)
+    prefill = PrefillPolicy(None if args.no_chunked_prefill else args.prefill_chunk, args.prefill_stall,
+                            0.0 if args.no_prefix_cache else args.prefix_cache_mb)
+    prefill.check()
     llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention), drafters=specs,
-              max_batch=args.max_batch, max_len=args.max_len, preload=True)
+              max_batch=args.max_batch, max_len=args.max_len, preload=True, prefill=prefill)
     name = args.served_model_name or ("default" if args.model == "default" else path)
     app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
                      request_timeout_s=args.request_timeout)

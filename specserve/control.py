@@ -122,6 +122,46 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     return CostModel(sizes, seconds, per_key, context)
 
 
+# ------------------------------------------------------------------------------------ prefill
+def prefill_shares(cost: CostModel | None, lengths: list[int], contexts: list[int],
+                   prompts: list[tuple[int, int]], most: int, grain: int, stall: float) -> list[int]:
+    """Prompt tokens each waiting prompt adds to this step's pass (chunked prefill).
+
+    ``lengths``/``contexts``: the pass's decoding sequences (tokens fed, positions cached);
+    ``prompts``: (positions cached, tokens left) per prompt being prefilled, first come first.  The
+    prompts share a total of at most ``most`` tokens, first come first served, each share ending at
+    a multiple of ``grain`` unless it ends the prompt.  With nothing decoding (or no cost model
+    yet) the total is ``most``; otherwise it is the largest for which the pass is predicted to take
+    at most ``stall`` times the pass without prompts, and never less than ``grain`` (a prompt
+    always advances).  Example: one prompt (0 cached, 100 left), most 64, grain 16 -> [64]."""
+    def shares(total: int) -> list[int]:
+        out, left = [], total
+        for ctx, rest in prompts:
+            take = min(rest, left)
+            if take < rest:
+                take = (ctx + take) // grain * grain - ctx
+            take = max(take, 0)
+            out.append(take)
+            left -= take
+        return out
+
+    if not lengths or cost is None:
+        return shares(most)
+    limit = stall * cost.predict(lengths, contexts)
+
+    def fits(total: int) -> bool:
+        sh = shares(total)
+        return cost.predict(lengths + [n for n in sh if n], contexts + [c for (c, _), n in zip(prompts, sh) if n]) <= limit
+
+    lo, hi = grain, max(most, grain)            # the largest total that fits, by bisection (cost grows with it)
+    if not fits(lo):
+        return shares(lo)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return shares(lo)
+
+
 # ------------------------------------------------------------------------------------ acceptance
 @dataclass
 class _Counts:

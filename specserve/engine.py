@@ -6,6 +6,12 @@ together by ``step``; ``generate`` runs a list of requests to completion.  A bat
 target pass; every sequence has its own drafter, node budget and sampling settings, and each
 drafter proposes a chain or a tree (``specserve.drafters.base``).
 
+Prompts enter in chunks (``specserve.prefill``): ``admit`` only takes a cache row (and copies any
+cached prefix into it); each step's pass then carries, besides the running sequences' tokens, the
+next chunk of every prompt the controller's step-time budget allows.  While its prompt is being
+prefilled a sequence holds ``cache.lengths[row] == prefilled`` positions and drafts nothing; the
+pass that ends its prompt gives its first token.
+
 Cache invariant: for a running sequence, ``cache.lengths[row] == len(tokens) - 1``; the last token
 (the *pending* token) has been generated but not yet fed to the target.  A step feeds the pending
 token and every drafted node at slots ``L .. L + N`` (L = the row's length), verifies, moves the
@@ -22,12 +28,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch import Tensor
 
-from specserve.control import CostModel
+from specserve.control import CostModel, prefill_shares
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.drafters.registry import AUTO
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
+from specserve.prefill import Prefill, PrefillPolicy
+from specserve.prefix_cache import BLOCK
 from specserve.sampling import SamplingParams, sample
 from specserve.sizing import Sizer, Slot
 from specserve.stats import RequestStats
@@ -65,10 +74,17 @@ class Sequence:
     stats: RequestStats
     arrival: float
     finish_reason: str | None = None
+    prefilled: int = 0            # prompt positions in the cache (the whole prompt once running)
+    prompt_feats: dict[int, list[Tensor]] = field(default_factory=dict)   # the drafter's, until the prompt ends
+    blocks: list | None = field(default_factory=list)    # its chain in the prefix cache (None: broken)
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[len(self.request.prompt):]
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.request.prompt)
 
 
 @dataclass
@@ -80,11 +96,12 @@ class StepReport:
     predicted_s: float | None     # the cost model's prediction for the pass (None: no auto request)
     measured_s: float             # the pass and verification, measured
     threads: int = 0              # compute threads of the pass (0: the runtime cannot switch)
+    prefill_tokens: int = 0       # prompt tokens the pass carried (chunked prefill)
 
 
 class Engine:
     def __init__(self, target: LoadedModel, drafters: dict[str, Drafter], max_batch: int = 16,
-                 max_len: int | None = None):
+                 max_len: int | None = None, prefill: PrefillPolicy | None = None):
         if max_batch < 1:
             raise SpecserveError(f"max_batch must be >= 1, got {max_batch}")
         limit = target.config.max_position_embeddings
@@ -101,6 +118,12 @@ class Engine:
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
         self.sizer = Sizer(self.model, self.drafters, max_batch, MAX_DRAFT)    # auto draft sizes, threads
+        policy = prefill or PrefillPolicy()
+        layers = tuple(sorted({x for d in self.drafters.values() for x in d.feature_layers}))
+        self.prefill = Prefill(policy, self.cache, layers, target.config.hidden_size)
+        # most prompt tokens per pass: the policy's chunk, within the runtime's batch-invariant run
+        self.prompt_tokens_max = min(policy.chunk, self.model.invariant_tokens or policy.chunk) \
+            if policy.chunk is not None else self.max_len
         self.last_step: StepReport | None = None
         # Python hands its lock between threads every 5 ms by default: a busy thread elsewhere in the
         # process would then hold the engine's thread up to 5 ms at each handoff (every torch call
@@ -163,9 +186,9 @@ class Engine:
         """The result of a finished sequence, handed over once (None if it has not finished)."""
         return self._finished.pop(seq_id, None)
 
-    @torch.inference_mode()
     def admit(self, req: Request) -> int:
-        """Admit a request: prefill its prompt and sample its first token.  Returns its id."""
+        """Admit a request: take a cache row and copy in any cached prefix of its prompt; the rest
+        is prefilled in chunks by the next steps.  Returns its id."""
         self.check(req)
         if not self._free_rows:
             raise RuntimeError("no free batch slot; check has_capacity first")
@@ -182,24 +205,10 @@ class Engine:
                              auto=req.num_draft == AUTO)
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self._free_rows.pop(0), list(req.prompt), gen, stats, time.perf_counter())
-        t0 = time.perf_counter()
-        try:
-            out = self.model(torch.tensor([req.prompt], device=self.model.device), self.cache, [seq.row], [0],
-                             last_only=True, features=drafter.feature_layers)
-        except BaseException:
-            drafter.end(seq_id)               # nothing of the failed admission stays behind
-            self._free_rows.insert(0, seq.row)
-            raise
-        first = int(sample(out.logits[0, -1], req.sampling, gen))
-        self.cache.truncate(seq.row, len(req.prompt))
-        stats.target_passes = 1
-        stats.verify_s += time.perf_counter() - t0
+        self.cache.truncate(seq.row, 0)
+        for layer, f in self.prefill.reuse(seq, self.cache, drafter.feature_layers).items():
+            seq.prompt_feats[layer] = [f]
         self._running.append(seq)
-        drafter.feedback(Feedback(seq_id, DraftProposal([]), [], [first],
-                                  {layer: f[0] for layer, f in out.features.items()}))
-        self._commit(seq, [first])
-        if seq.finish_reason is not None:
-            self._retire(seq)
         return seq_id
 
     def abort(self, seq_id: int) -> None:
@@ -221,9 +230,11 @@ class Engine:
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def step(self) -> list[int]:
-        """Advance every running sequence by one verification pass.  Returns ids that finished."""
-        seqs = list(self._running)
-        if not seqs:
+        """Advance every running sequence by one verification pass, and the prompts being prefilled
+        by one chunk each, as the budget allows.  Returns ids that finished."""
+        seqs = [s for s in self._running if not s.prefilling]
+        prompts = [s for s in self._running if s.prefilling]
+        if not seqs and not prompts:
             return []
         slots = {s.seq_id: Slot(s.seq_id, s.request.drafter, s.request.num_draft, self.cache.lengths[s.row])
                  for s in seqs}
@@ -237,24 +248,28 @@ class Engine:
         probed = {i for i, x in slots.items() if x.num_draft == AUTO and self.sizer.probe(x).due()}
         predicted = self.sizer.size(list(slots.values()), proposals, probed) if auto else None
         t_draft = time.perf_counter() - t0
-
-        # 3. one ragged target pass: the pending token and every kept node, for all sequences (on the
-        #    number of threads the governor picks: threads change the speed, never the bits)
-        threads = self.sizer.pick_threads()
-        t0 = time.perf_counter()
         lengths = [len(proposals[s.seq_id]) + 1 for s in seqs]
         contexts = [slots[s.seq_id].context for s in seqs]
-        out, offsets = self._target_pass(seqs, proposals, lengths, contexts)
-        t_pass = time.perf_counter() - t0
-        self.sizer.observe_pass(threads, lengths, contexts, t_pass)
+        # 3. prompts: the next chunk of each prompt being prefilled, as many tokens as keep the pass
+        #    within the step-time budget (first come, first served)
+        chunks = self._chunks(prompts, lengths, contexts)
 
-        # 4. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
-        outcomes = verify_rows(seqs, proposals, out.logits, offsets)
+        # 4. one ragged target pass: the pending token and every kept node, for all sequences, then
+        #    the prompt chunks (on the number of threads the governor picks: threads change the
+        #    speed, never the bits)
+        threads = self.sizer.pick_threads()
+        t0 = time.perf_counter()
+        out, offsets = self._target_pass(seqs, proposals, lengths, contexts, chunks)
+        t_pass = time.perf_counter() - t0
+        if not chunks:                # the cost model's correction learns from decoding passes only
+            self.sizer.observe_pass(threads, lengths, contexts, t_pass)
+
+        # 5. verification: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+        outcomes = verify_rows(seqs, proposals, out.logits, offsets) if seqs else {}
         t_verify = time.perf_counter() - t0
 
-        # 5. commit accepted tokens (a stop inside the run ends it there), 6. compact and roll back
-        #    the KV cache, 7. feed back to the drafters and to the controller's models
-        done = []
+        # 6. commit accepted tokens (a stop inside the run ends it there), 7. compact and roll back
+        #    the KV cache, 8. feed back to the drafters and to the controller's models
         for i, s in enumerate(seqs):
             o, prop = outcomes[s.seq_id], proposals[s.seq_id]
             old_len = self.cache.lengths[s.row]
@@ -273,14 +288,53 @@ class Engine:
             if predicted is not None:
                 s.stats.step_predicted_s.append(predicted)
                 s.stats.step_measured_s.append(t_pass)
-            if s.finish_reason is not None:
-                done.append(s.seq_id)
+        # 9. prompts: keep the chunk's positions (and store the prefix blocks it completed); a prompt
+        #    whose last chunk this was takes its first token from the pass and starts decoding
+        self._advance_prompts(chunks, out, offsets[len(seqs):], sum(lengths), t_pass)
         self.last_step = StepReport(len(seqs), [n - 1 for n in lengths],
-                                    [slots[s.seq_id].num_draft == AUTO for s in seqs], predicted, t_pass, threads)
-        for s in seqs:
-            if s.finish_reason is not None:
-                self._retire(s)
-        return done
+                                    [slots[s.seq_id].num_draft == AUTO for s in seqs], predicted, t_pass, threads,
+                                    sum(n for _, n in chunks))
+        done = [s for s in seqs + [s for s, _ in chunks] if s.finish_reason is not None]
+        for s in done:
+            self._retire(s)
+        return [s.seq_id for s in done]
+
+    def _chunks(self, prompts: list[Sequence], lengths: list[int], contexts: list[int]) -> list[tuple[Sequence, int]]:
+        """(prompt, tokens) for each prompt this step's pass advances."""
+        if not prompts:
+            return []
+        if lengths and self.prefill.policy.chunk is not None:
+            self.sizer.calibrate()                 # a few seconds, once (the server does it at start)
+        left = [(s.prefilled, len(s.request.prompt) - s.prefilled) for s in prompts]
+        shares = prefill_shares(self.sizer.cost, lengths, contexts, left, self.prompt_tokens_max, BLOCK,
+                                self.prefill.policy.stall)
+        return [(s, n) for s, n in zip(prompts, shares) if n > 0]
+
+    def _advance_prompts(self, chunks: list[tuple[Sequence, int]], out, offsets: list[int], first_logit: int,
+                         t_pass: float) -> None:
+        """After the pass: each chunk's positions are now cached; a finished prompt samples its first
+        token from logits row ``first_logit + j`` (j: its rank among the finished) and is fed back."""
+        j = 0
+        for (s, n), at in zip(chunks, offsets):
+            drafter = self.drafters[s.request.drafter]
+            feats = {layer: f[at:at + n] for layer, f in out.features.items()}
+            for layer in drafter.feature_layers:
+                s.prompt_feats.setdefault(layer, []).append(feats[layer].clone())
+            start = s.prefilled
+            s.prefilled += n
+            self.cache.truncate(s.row, s.prefilled)
+            self.prefill.store_chunk(s, self.cache, start, feats)
+            s.stats.target_passes += 1
+            s.stats.prefill_passes += 1
+            s.stats.verify_s += t_pass
+            if s.prefilling:
+                continue
+            first = int(sample(out.logits[first_logit + j], s.request.sampling, s.generator))
+            j += 1
+            prompt_feats = {layer: torch.cat(fs) for layer, fs in s.prompt_feats.items()}
+            s.prompt_feats = {}
+            drafter.feedback(Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats))
+            self._commit(s, [first])
 
     def _draft(self, seqs: list[Sequence], slots: dict[int, Slot]) -> dict[int, DraftProposal]:
         """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
@@ -306,22 +360,37 @@ class Engine:
         return out
 
     def _target_pass(self, seqs: list[Sequence], proposals: dict[int, DraftProposal], lengths: list[int],
-                     contexts: list[int]):
+                     contexts: list[int], chunks: list[tuple[Sequence, int]]):
         """One ragged pass: sequence b contributes [pending token] + its node tokens (lengths[b]),
         nothing padded, after its contexts[b] cached positions; node parents shift by one (the pending
-        token is the sequence's index 0).  A pass of chains only passes no parents.  Returns the pass
-        output and each sequence's first row in it."""
-        tokens, parents = [], []
+        token is the sequence's index 0).  Then each prompt chunk, a chain after the prompt's cached
+        positions.  Logits come back for the sequences' rows (in pass order) and then for the last
+        row of each chunk that ends its prompt; no LM head runs for the other chunk rows.  A pass of
+        chains only passes no parents.  Returns the pass output and each sequence's and chunk's
+        first row in it."""
+        tokens, parents, rows = [], [], [s.row for s in seqs]
         for s in seqs:
             prop = proposals[s.seq_id]
             tokens += [s.tokens[-1]] + prop.tokens
             parents += [-1] + [p + 1 for p in prop.parent_list()]
+        decode_rows = len(tokens)
+        ends = []
+        for s, n in chunks:
+            tokens += s.request.prompt[s.prefilled:s.prefilled + n]
+            parents += list(range(-1, n - 1))
+            if s.prefilled + n == len(s.request.prompt):
+                ends.append(len(tokens) - 1)
+        all_lengths = lengths + [n for _, n in chunks]
         trees = not all(proposals[s.seq_id].is_chain for s in seqs)
-        layers = tuple(sorted({x for s in seqs for x in self.drafters[s.request.drafter].feature_layers}))
+        used = [self.drafters[s.request.drafter] for s in seqs + [s for s, _ in chunks]]
+        layers = {x for d in used for x in d.feature_layers}
+        layers = tuple(sorted(layers | set(self.prefill.feature_layers if chunks else ())))
         dev = self.model.device
-        out = self.model(torch.tensor(tokens, device=dev), self.cache, [s.row for s in seqs], contexts, lengths=lengths,
-                         parents=torch.tensor(parents, device=dev) if trees else None, features=layers)
-        offsets = list(itertools.accumulate([0] + lengths[:-1]))
+        out = self.model(torch.tensor(tokens, device=dev), self.cache, rows + [s.row for s, _ in chunks],
+                         contexts + [s.prefilled for s, _ in chunks], lengths=all_lengths,
+                         parents=torch.tensor(parents, device=dev) if trees else None, features=layers,
+                         logits_for=list(range(decode_rows)) + ends if chunks else None)
+        offsets = list(itertools.accumulate([0] + all_lengths[:-1]))
         return out, offsets
 
     def _commit(self, s: Sequence, new: list[int]) -> None:
@@ -340,6 +409,8 @@ class Engine:
                 break
 
     def _retire(self, s: Sequence) -> None:
+        if s.finish_reason != "abort" and not s.prefilling:
+            self.prefill.store_generated(s, self.cache)
         self.sizer.forget(s.seq_id)
         s.stats.generated_tokens = len(s.generated)
         s.stats.total_s = time.perf_counter() - s.arrival

@@ -9,6 +9,7 @@ from specserve.drafters import DrafterSpec, available, drafter_class
 from specserve.engine import Engine, Request, Result
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
+from specserve.prefill import PrefillPolicy
 from specserve.sampling import SamplingParams
 from specserve.tokenizer import Tokenizer, load_tokenizer
 
@@ -45,8 +46,9 @@ class LLM:
     def __init__(self, model: str = "default", options: RuntimeOptions | None = None,
                  drafters: Iterable[str | DrafterSpec] | Mapping[str, dict[str, Any]] | None = None,
                  max_batch: int = 16, max_len: int | None = 4096, loaded: LoadedModel | None = None,
-                 preload: bool = False):
-        """``drafters``: specs (``"ngram:max_n=5"``; the label a request names is the drafter's name),
+                 preload: bool = False, prefill: PrefillPolicy | None = None):
+        """``prefill``: chunked prefill and prefix reuse (default: chunks of 256, no prefix pool).
+        ``drafters``: specs (``"ngram:max_n=5"``; the label a request names is the drafter's name),
         or a mapping label -> options, where the option ``drafter`` names the registered drafter
         (default: the label) and ``k`` its default draft length.  ``none`` is always loaded; with
         ``preload`` so is every drafter that declares itself cheap (``Drafter.preload``)."""
@@ -68,7 +70,7 @@ class LLM:
                     specs[name] = DrafterSpec(name)
         built = {label: spec.build(self.target) for label, spec in specs.items()}
         self.default_k = {label: spec.k for label, spec in specs.items()}   # draft length when a request names none
-        self.engine = Engine(self.target, built, max_batch=max_batch, max_len=max_len)
+        self.engine = Engine(self.target, built, max_batch=max_batch, max_len=max_len, prefill=prefill)
 
     def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
         if isinstance(prompt, str):

@@ -11,7 +11,9 @@ class RequestStats:
     synthetic: bool = False           # True for the oracle drafter: numbers are a study, not a product
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    target_passes: int = 0            # prefill pass + verification passes
+    target_passes: int = 0            # prefill passes (one per prompt chunk) + verification passes
+    prefill_passes: int = 0
+    cached_tokens: int = 0            # prompt tokens reused from the prefix cache (not computed)
     drafted_per_depth: list[int] = field(default_factory=list)    # [d]: steps whose draft reached depth d+1
     accepted_per_depth: list[int] = field(default_factory=list)   # [d]: steps that accepted >= d+1 tokens
     nodes_per_step: list[int] = field(default_factory=list)       # nodes drafted (chain: tokens), per step
@@ -39,7 +41,7 @@ class RequestStats:
 
     @property
     def verify_passes(self) -> int:
-        return max(self.target_passes - 1, 0)
+        return max(self.target_passes - self.prefill_passes, 0)
 
     @property
     def drafted_tokens(self) -> int:

@@ -133,15 +133,33 @@ def test_batch_invariant_runtime(kernels):
     for i in range(9):
         assert torch.equal(out[0, i], ref[i])
     if kernels == "native":
-        # passes of up to PREFILL_GEMM_MIN_TOKENS tokens are invariant too: fed whole or one by one
-        from specserve.models.native.model import PREFILL_GEMM_MIN_TOKENS as limit
-        c3 = m.new_cache(1, 256)
-        steps = torch.stack([m(prompt[:, i:i + 1], c3, [0], [i]).logits[0, 0] for i in range(limit)])
-        assert torch.equal(steps, m(prompt[:, :limit], m.new_cache(1, 256), [0], [0]).logits[0])
-        # longer prefills run one fp32 GEMM: the same function to rounding, deterministic
-        whole = m(prompt, m.new_cache(1, 256), [0], [0]).logits[0]
-        assert torch.equal(whole, m(prompt, m.new_cache(1, 256), [0], [0]).logits[0])
-        assert (whole[:limit] - steps).abs().max().item() < 1e-4
+        # a prompt prefilled whole, in chunks of any sizes, or one token at a time (beside another
+        # sequence's pass) leaves the same cache bits and gives the same logits
+        whole_cache = m.new_cache(2, 256)
+        whole = m(prompt, whole_cache, [0], [0]).logits[0]
+        for sizes in ([1] * 70, [5, 64, 1], [33, 37]):
+            c = m.new_cache(2, 256)
+            got, at = [], 0
+            for n in sizes:
+                lengths = [n, 3]
+                toks = torch.cat([prompt[0, at:at + n], torch.randint(0, 64, (3,), generator=g)])
+                got.append(m(toks, c, [0, 1], [at, 0], lengths=lengths).logits[:n])
+                at += n
+            assert torch.equal(torch.cat(got), whole)
+            assert torch.equal(c.k_all[:, 0, :, :70], whole_cache.k_all[:, 0, :, :70])
+            assert torch.equal(c.v_all[:, 0, :, :70], whole_cache.v_all[:, 0, :, :70])
+
+
+def test_logits_for_picks_rows_with_the_same_bits():
+    for kernels in ("native", "fbgemm"):
+        m = tiny_model(seed=5, vocab=64, kernels=kernels).model
+        toks = torch.randint(0, 64, (100,), generator=torch.Generator().manual_seed(1))
+        full = m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10]).logits
+        some = m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10], logits_for=[89, 99, 3]).logits
+        assert some.shape == (3, 64)
+        assert torch.equal(some, full[[89, 99, 3]]) if kernels == "native" else torch.allclose(some, full[[89, 99, 3]])
+        with pytest.raises(ValueError, match="logits_for"):
+            m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10], logits_for=[100])
 
 
 def test_kv_rollback_is_a_length_change():

@@ -20,6 +20,7 @@ from specserve.errors import SpecserveError
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
 from specserve.models import RuntimeOptions, load_model
+from specserve.prefill import PrefillPolicy
 
 pytestmark = pytest.mark.slow
 N_TOKENS = 64
@@ -154,3 +155,29 @@ def test_chat_prompt_and_stop_string(llm):
     out = llm.generate(["Count from 1 to 10, separated by commas."], max_tokens=40, drafter="none",
                        stop=["5"])[0]
     assert "5" not in out.text and out.finish_reason == "stop"
+
+
+def test_chunked_prefill_under_load_and_prefix_reuse_are_exact(llm, prompts, plain):
+    """A long prompt (a summarization article) prefilled alone in one pass, against the same prompt
+    admitted in 16-token chunks while three others decode, and against reusing its cached prefix:
+    the same greedy tokens, for plain decoding and n-gram auto."""
+    target = llm.target
+    article = next(p for p in load_jsonl() if p.category == "summarization")
+    long = llm.encode(article.text)
+    assert len(long) > 500
+    drafters = lambda: {"none": create("none", target), "ngram": create("ngram", target)}   # noqa: E731
+    alone = Engine(target, drafters(), max_batch=1, max_len=2048, prefill=PrefillPolicy(None))
+    refs = {d: alone.generate([Request(long, 32, drafter=d, num_draft="auto" if d == "ngram" else 0)])[0].tokens
+            for d in ("none", "ngram")}
+    assert refs["none"] == refs["ngram"]
+    busy = Engine(target, drafters(), max_batch=5, max_len=2048, prefill=PrefillPolicy(16, 1.0, 256))
+    others = [busy.admit(Request(p, N_TOKENS)) for p in prompts[:3]]
+    busy.step()
+    ids = {d: busy.admit(Request(long, 32, drafter=d, num_draft="auto" if d == "ngram" else 0)) for d in refs}
+    while busy.num_running:
+        busy.step()
+    for d, sid in ids.items():
+        assert busy.take_result(sid).tokens == refs[d]
+    assert [busy.take_result(i).tokens for i in others] == plain[:3]
+    again = busy.generate([Request(long, 32)])[0]
+    assert again.tokens == refs["none"] and again.stats.cached_tokens == (len(long) - 1) // 16 * 16

@@ -15,6 +15,7 @@ import pytest
 
 from specserve.drafters.registry import drafter_class
 from specserve.llm import LLM
+from specserve.prefill import PrefillPolicy
 from specserve.server.app import create_app
 
 pytestmark = pytest.mark.slow
@@ -60,7 +61,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("default", drafters=["ngram", "eagle", "medusa"], max_batch=MAX_BATCH, max_len=2048, preload=True)
+    """As ``specserve serve`` builds it: chunked prefill and a prefix cache (smaller here)."""
+    return LLM("default", drafters=["ngram", "eagle", "medusa"], max_batch=MAX_BATCH, max_len=2048, preload=True,
+               prefill=PrefillPolicy(256, 2.0, 64))
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +183,38 @@ def test_sixteen_concurrent_greedy_requests_match_alone(server):
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(ask, prompts))
     assert together == alone
+
+
+def test_shared_system_prompt_is_reused_exactly_and_counted(server):
+    system = " ".join(f"Rule {i}: answer briefly and cite the rule number." for i in range(40))
+    hits0 = server.metric("specserve_prefix_cache_hit_tokens_total")
+
+    def ask(user):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=300, json={
+            "model": "default", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}).json()
+        return r["choices"][0]["message"]["content"], r["usage"]
+
+    first, u1 = ask("What is rule 3?")
+    again, u2 = ask("What is rule 3?")
+    other, u3 = ask("What is rule 7?")
+    assert u1["prompt_tokens"] > 400 and again == first
+    assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] - 16
+    assert u3["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] - 32
+    assert server.metric("specserve_prefix_cache_hit_tokens_total") - hits0 >= u2["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < server.metric("specserve_prefix_cache_bytes") <= server.metric("specserve_prefix_cache_capacity_bytes")
+    assert server.metric("specserve_prefill_steps_total") > 0
+    # the same answer as a server that reuses nothing (a cold start)
+    cold = Server(LLM(loaded=server.app.state.llm.target, max_batch=1, max_len=2048,
+                      prefill=PrefillPolicy(None, 2.0, 0)))
+    try:
+        r = httpx.post(cold.url + "/v1/chat/completions", timeout=300, json={
+            "model": "default", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "What is rule 7?"}]}).json()
+        assert r["choices"][0]["message"]["content"] == other
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        cold.close()
 
 
 def test_disconnect_mid_stream_frees_the_sequence(server):

@@ -16,8 +16,9 @@ from specserve.bench.datasets import turns
 from specserve.bench.metrics import percentile
 
 
-async def _one(client, url: str, model: str, prompt: str, max_tokens: int, extra: dict) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+async def _one(client, url: str, model: str, prompt: str | list[dict], max_tokens: int, extra: dict) -> dict:
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}} | extra
     t0 = time.perf_counter()
     times, text, usage, error = [], [], None, None
@@ -42,12 +43,13 @@ async def _one(client, url: str, model: str, prompt: str, max_tokens: int, extra
     if error or not times:
         return {"ok": False, "status": None, "error": error or "no tokens"}
     n_out = usage["completion_tokens"] if usage else len(times)
-    return {"ok": True, "ttft_s": times[0], "e2e_s": e2e, "output_tokens": n_out,
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ok": True, "ttft_s": times[0], "e2e_s": e2e, "output_tokens": n_out, "cached_tokens": cached,
             "tpot_s": (e2e - times[0]) / (n_out - 1) if n_out > 1 else float("nan"),
             "itl_s": [b - a for a, b in zip(times, times[1:])], "text": "".join(text)}
 
 
-async def _run(url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int,
+async def _run(url: str, model: str, prompts: list, max_tokens: int, concurrency: int,
                extra: dict) -> tuple[list[dict], float]:
     """Closed loop: ``concurrency`` requests in flight until every prompt is done.  Returns the
     per-request results (in prompt order) and the wall seconds."""
@@ -76,16 +78,18 @@ def _summary(concurrency: int, results: list[dict], wall: float) -> dict:
             "request_throughput": len(ok) / wall, "output_tok_s": sum(r["output_tokens"] for r in ok) / wall,
             "ttft_s": dist([r["ttft_s"] for r in ok]), "tpot_s": dist([r["tpot_s"] for r in ok]),
             "itl_s": dist([x for r in ok for x in r["itl_s"]]), "e2e_s": dist([r["e2e_s"] for r in ok]),
+            "cached_prompt_tokens": sum(r.get("cached_tokens") or 0 for r in ok),
             "texts": [r.get("text") for r in results]}
 
 
-def bench_endpoint(url: str, model: str, prompts: list[str], max_tokens: int, levels: list[int],
+def bench_endpoint(url: str, model: str, prompts: list, max_tokens: int, levels: list[int],
                    variants: list[tuple[str, dict]]) -> list[dict]:
     """Every variant (label, request extension) closed loop at every concurrency level, after one
     warm-up request each.  At each level the prompts are cut into chunks of at least 2 x level and
     the variants take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
     machine falls on every variant alike (a level whose prompts fit in one chunk runs the variants
-    one after another).  Returns one row per variant and level, variant by variant."""
+    one after another).  A prompt is a user message, or a list of chat messages.  Returns one row
+    per variant and level, variant by variant."""
     url = url.rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]

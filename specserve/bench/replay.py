@@ -38,7 +38,7 @@ def replay(drafter: Drafter, prompt: list[int], continuation: list[int], k: int,
     drafter.begin(seq_id, prompt, greedy, len(continuation))
     tokens = list(prompt) + continuation[:1]
     drafter.feedback(Feedback(seq_id, DraftProposal([]), [], continuation[:1]))
-    stats.target_passes = 1
+    stats.target_passes = stats.prefill_passes = 1
     while len(tokens) - len(prompt) < len(continuation):
         done = len(tokens) - len(prompt)
         depth = len(continuation) - done - 1

@@ -261,13 +261,17 @@ def render_endpoint_report(doc: dict) -> str:
     lines = ["# specserve bench --endpoint", "", f"Command: `{cfg['command']}`", "",
              f"Endpoint {cfg['endpoint']} (model `{cfg['endpoint_model']}`), streaming chat completions, greedy, "
              f"{cfg['max_tokens']} max new tokens, closed loop; at each level the variants take turns in chunks "
-             "of at least 2 x concurrency prompts. Metrics as `vllm bench serve` defines them.", "",
+             "of at least 2 x concurrency prompts. Metrics as `vllm bench serve` defines them."
+             + (" Every request starts with the same system message (--system-prompt)." if cfg.get("system_prompt")
+                else ""), "",
              "| variant | concurrency | completed | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
-             "ITL p50/p99 ms | E2E p50/p99 s | same text as baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "ITL p50/p99 ms | ITL p99/p50 | E2E p50/p99 s | prompt tokens cached | same text as baseline |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["endpoint"]:
         lines.append(f"| {r['label']} | {r['concurrency']} | {r['completed']}/{r['requests']} | "
                      f"{r['request_throughput']:.3f} | {r['output_tok_s']:.1f} | "
                      f"{_ms(r['ttft_s']['p50'])}/{_ms(r['ttft_s']['p99'])} | {_ms(r['tpot_s']['p50'])}/{_ms(r['tpot_s']['p99'])} | "
-                     f"{_ms(r['itl_s']['p50'])}/{_ms(r['itl_s']['p99'])} | {r['e2e_s']['p50']:.2f}/{r['e2e_s']['p99']:.2f} | "
+                     f"{_ms(r['itl_s']['p50'])}/{_ms(r['itl_s']['p99'])} | {r['itl_s']['p99'] / r['itl_s']['p50']:.1f} | "
+                     f"{r['e2e_s']['p50']:.2f}/{r['e2e_s']['p99']:.2f} | {r.get('cached_prompt_tokens', 0)} | "
                      f"{r['same_text_as_baseline']}/{r['requests']} |")
     return "\n".join(lines) + "\n"

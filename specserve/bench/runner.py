@@ -58,6 +58,7 @@ class BenchConfig:
     temperature: float = 0.0                    # 0: greedy; else every method samples (prompt i: seed + i)
     top_p: float = 1.0
     seed: int = 0
+    system_prompt: str | None = None            # --endpoint: a system message sent before every prompt
 
     def sampling(self, i: int) -> SamplingParams:
         """Prompt i's sampling settings (the same for every method)."""
@@ -258,6 +259,8 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
 
     prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
     texts = [p.text for p in prompts][: cfg.concurrency_prompts or len(prompts)]
+    if cfg.system_prompt is not None:
+        texts = [[{"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": t}] for t in texts]
     variants = [(m.label, {"speculative": {"drafter": m.drafter, "num_draft": m.k}}) for m in map(Method.parse, methods)] \
         or [("default", {})]
     rows = bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), variants)

@@ -27,6 +27,9 @@ children a, b and a's child c)::
 The model knows nothing of speculation: which slots hold valid entries afterwards, and moving an
 accepted path's entries together (``KVCache.compact``), is the engine's business.
 
+``logits_for`` (ragged passes) names the flat token indices whose logits are wanted: logits come
+back ``[len(logits_for), V]`` in that order, and a prompt chunk's rows cost no LM head.
+
 ``features`` asks for hidden states: layer i < L means the input of decoder layer i (the output of
 layer i - 1; 0 is the embedding), ``L = num_layers`` the final normed output.  They come back for
 every fed position as ``ForwardOutput.features[layer]`` ``[B, T, hidden]``; asking for none costs
@@ -82,6 +85,10 @@ class Decoder(Protocol):
     config: ModelConfig
     kernel: str           # native | fbgemm | torch
     attention: str        # native | invariant | sdpa
+    # The longest run of one sequence's tokens in a pass whose results are batch-invariant (the same
+    # bits however the pass is composed, and however a prompt is cut into chunks of at most this
+    # many tokens); 0 when the runtime is not batch-invariant.
+    invariant_tokens: int
 
     @property
     def dtype(self) -> torch.dtype: ...

@@ -22,6 +22,8 @@ from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS,
                                      invariant_attention, invariant_attention_bias, rope_inv_freq,
                                      rope_tables, sdpa_attention, virtual_key_slots)
 
+SOLO_TOKENS = 64      # a ragged pass's sequences longer than this (prompt chunks) run unpadded, alone
+
 
 @dataclass
 class _Step:
@@ -138,6 +140,9 @@ class Transformer(nn.Module):
                  attention: str = "sdpa"):
         super().__init__()
         self.config, self.kernel, self.attention = cfg, kernel, attention
+        # fbgemm rows are invariant; invariant attention covers a sequence's run of up to
+        # VIRTUAL_MAX_TOKENS, and a ragged pass pads runs of up to SOLO_TOKENS together
+        self.invariant_tokens = SOLO_TOKENS if kernel == "fbgemm" and attention == "invariant" else 0
         self.embed = sd["model.embed_tokens.weight"]                            # [V, hidden]
         self.layers = nn.ModuleList(Block(cfg, sd, i, kernel) for i in range(cfg.num_layers))
         self.norm = RMSNorm(sd["model.norm.weight"], cfg.rms_norm_eps)
@@ -209,29 +214,65 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
-                features: tuple[int, ...] = ()) -> ForwardOutput:
+                features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
         """One pass (layout: ``specserve.models.decoder``).  A ragged pass is run padded to its
         longest sequence (pads continue a chain or are roots of their own; their cache writes land
-        past the sequence and are dead), and its outputs are returned flat."""
+        past the sequence and are dead), and its outputs are returned flat; a sequence longer than
+        ``SOLO_TOKENS`` (a prompt chunk) runs as a pass of its own, so nothing is padded to it."""
         if lengths is None:
+            if logits_for is not None:
+                raise ValueError("logits_for is for ragged passes")
             return self._forward(tokens, cache, rows, start, parents, last_only, features)
         if last_only:
             raise ValueError("last_only is for [B, T] passes")
         lay = Layout.of(tokens, lengths, parents)
-        width, dev = max(lengths), tokens.device
-        flat = torch.from_numpy(lay.seq_of * width + lay.index).to(dev)               # [N] into [B*T]
-        padded = torch.zeros(len(lengths) * width, dtype=tokens.dtype, device=dev).index_copy_(0, flat, tokens)
+        if logits_for is not None and len(logits_for) and not 0 <= min(logits_for) <= max(logits_for) < len(tokens):
+            raise ValueError(f"logits_for indices must be in [0, {len(tokens)})")
+        groups = [[b] for b, n in enumerate(lengths) if n > SOLO_TOKENS]
+        rest = [b for b, n in enumerate(lengths) if n <= SOLO_TOKENS]
+        groups += [rest] if rest else []
+        hidden = torch.empty(len(tokens), self.config.hidden_size, device=tokens.device)
+        feats: dict[int, Tensor] = {}
+        for group in groups:
+            flat, out = self._padded(tokens, lay, group, cache, rows, start, features)
+            hidden[flat] = out.logits.reshape(-1, out.logits.shape[-1])[self._dense(lay, group, flat)].to(hidden.dtype)
+            for k, v in out.features.items():
+                f = feats.setdefault(k, torch.empty(len(tokens), v.shape[-1], dtype=v.dtype, device=v.device))
+                f[flat] = v.reshape(-1, v.shape[-1])[self._dense(lay, group, flat)]
+        if logits_for is not None:
+            hidden = hidden[torch.as_tensor(logits_for, dtype=torch.long, device=hidden.device)]
+        return ForwardOutput(self.lm_head(hidden.to(self.dtype)).float(), feats)
+
+    @staticmethod
+    def _dense(lay: Layout, group: list[int], flat: Tensor) -> Tensor:
+        """Where the group's tokens sit in its padded [len(group) * width] pass."""
+        width = max(lay.lengths[b] for b in group)
+        where = {b: i for i, b in enumerate(group)}
+        idx = [where[int(lay.seq_of[n])] * width + int(lay.index[n]) for n in flat.tolist()]
+        return torch.tensor(idx, dtype=torch.long, device=flat.device)
+
+    def _padded(self, tokens: Tensor, lay: Layout, group: list[int], cache: KVCache, rows: list[int],
+                start: list[int], features: tuple[int, ...]) -> tuple[Tensor, ForwardOutput]:
+        """The sequences ``group`` as one [len(group), width] pass padded to their longest; returns
+        their flat token indices and the pass output, whose ``logits`` are the normed hidden states."""
+        width, dev = max(lay.lengths[b] for b in group), tokens.device
+        flat = torch.cat([torch.arange(int(lay.offsets[b]), int(lay.offsets[b + 1])) for b in group]).to(dev)
+        padded = torch.zeros(len(group), width, dtype=tokens.dtype, device=dev)
         par = None
         if lay.parents is not None:
-            par = torch.full((len(lengths) * width,), -1, dtype=torch.long, device=dev)
-            par.index_copy_(0, flat, torch.from_numpy(lay.parents).to(dev))
-            par = par.view(len(lengths), width)
-        out = self._forward(padded.view(len(lengths), width), cache, rows, start, par, False, features)
-        pick = lambda x: x.reshape(-1, x.shape[-1])[flat]                          # noqa: E731
-        return ForwardOutput(pick(out.logits), {k: pick(v) for k, v in out.features.items()})
+            par = torch.full((len(group), width), -1, dtype=torch.long, device=dev)
+        for i, b in enumerate(group):
+            lo, hi = int(lay.offsets[b]), int(lay.offsets[b + 1])
+            padded[i, :hi - lo] = tokens[lo:hi]
+            if par is not None:
+                par[i, :hi - lo] = torch.from_numpy(lay.parents[lo:hi]).to(dev)
+        out = self._forward(padded, cache, [rows[b] for b in group], [start[b] for b in group], par, False, features,
+                            head=False)
+        return flat, out
 
     def _forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], parents: Tensor | None,
-                 last_only: bool, features: tuple[int, ...]) -> ForwardOutput:
+                 last_only: bool, features: tuple[int, ...], head: bool = True) -> ForwardOutput:
+        """A [B, T] pass; without ``head``, ``logits`` holds the final normed hidden states instead."""
         bsz, t = tokens.shape
         dev = tokens.device
         start_t = torch.tensor(start, dtype=torch.long, device=dev)
@@ -284,4 +325,4 @@ class Transformer(nn.Module):
             feats[self.config.num_layers] = x
         if last_only:
             x = x[:, -1:]
-        return ForwardOutput(logits=self.lm_head(x).float(), features=feats)
+        return ForwardOutput(logits=self.lm_head(x).float() if head else x, features=feats)

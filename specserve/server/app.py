@@ -60,14 +60,26 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
                default_max_tokens: int = 256) -> FastAPI:
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
+    pool = llm.engine.prefill.pool
     metrics.gauges = lambda: {"specserve_requests_running": scheduler.num_running,
                               "specserve_requests_waiting": scheduler.num_waiting,
-                              "specserve_kv_rows_free": llm.engine.free_capacity}
+                              "specserve_kv_rows_free": llm.engine.free_capacity} | ({
+                              "specserve_prefix_cache_bytes": pool.used_bytes,
+                              "specserve_prefix_cache_capacity_bytes": pool.capacity * pool.block_bytes,
+                              "specserve_prefix_cache_blocks": pool.blocks} if pool is not None else {})
+    if pool is not None:
+        metrics.counters = lambda: {
+            "specserve_prefix_cache_hit_tokens_total": ("Prompt tokens copied from the prefix cache", pool.stats.hit_tokens),
+            "specserve_prefix_cache_miss_tokens_total": ("Prompt tokens looked up in the prefix cache and not found",
+                                                         pool.stats.miss_tokens),
+            "specserve_prefix_cache_stored_blocks_total": ("Blocks added to the prefix cache", pool.stats.stored_blocks),
+            "specserve_prefix_cache_evicted_blocks_total": ("Blocks evicted (least recently used leaf first)",
+                                                            pool.stats.evicted_blocks)}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        if any(k == AUTO for k in llm.default_k.values()):
-            llm.engine.calibrate()            # the cost model, before the first request needs it
+        if any(k == AUTO for k in llm.default_k.values()) or llm.engine.prefill.policy.chunk is not None:
+            llm.engine.calibrate()            # the cost model, before the first request or prompt chunk needs it
         scheduler.start()
         yield
         scheduler.stop()
@@ -158,7 +170,8 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
         text = stream.feed([], final=True)
         finish = "stop" if result.finish_reason == "stop" else "length"
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.tokens),
-                 "total_tokens": len(prompt_ids) + len(result.tokens)}
+                 "total_tokens": len(prompt_ids) + len(result.tokens),
+                 "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
@@ -200,7 +213,8 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
                     yield chunk(None, finish, extra={"speculative_stats": spec_stats(result.stats)})
                     if include_usage:
                         usage = {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
-                                 "total_tokens": n_prompt + len(result.tokens)}
+                                 "total_tokens": n_prompt + len(result.tokens),
+                                 "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
                         yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model_name, 'choices': [], 'usage': usage})}\n\n"
                     break
             yield "data: [DONE]\n\n"

@@ -54,7 +54,10 @@ class Metrics:
         self.auto_steps = 0
         self.thread_steps: dict[int, int] = {}
         self.auto_off = 0
+        self.prefill_tokens = 0
+        self.prefill_steps = 0
         self.gauges = lambda: {}
+        self.counters = lambda: {}     # name -> (help, value), read at render time (the prefix cache's)
 
     def count_outcome(self, outcome: str) -> None:
         with self._lock:
@@ -76,6 +79,9 @@ class Metrics:
                 self.step_ratio.observe(report.measured_s / report.predicted_s)
             if report.threads:
                 self.thread_steps[report.threads] = self.thread_steps.get(report.threads, 0) + 1
+            if report.prefill_tokens:
+                self.prefill_tokens += report.prefill_tokens
+                self.prefill_steps += 1
 
     def observe_result(self, result, queue_s: float = 0.0) -> None:
         s = result.stats
@@ -128,6 +134,13 @@ class Metrics:
             mal = (sum(self.accepted) + self.verify_passes) / self.verify_passes if self.verify_passes else 0.0
             lines += ["# HELP specserve_spec_mean_accepted_length Accepted tokens plus one per verification pass",
                       "# TYPE specserve_spec_mean_accepted_length gauge", f"specserve_spec_mean_accepted_length {mal}"]
+            lines += ["# HELP specserve_prefill_computed_tokens_total Prompt tokens computed (not reused) in engine steps",
+                      "# TYPE specserve_prefill_computed_tokens_total counter",
+                      f"specserve_prefill_computed_tokens_total {self.prefill_tokens}",
+                      "# HELP specserve_prefill_steps_total Engine steps that carried prompt chunks",
+                      "# TYPE specserve_prefill_steps_total counter", f"specserve_prefill_steps_total {self.prefill_steps}"]
+        for name, (help_, value) in self.counters().items():
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {value}"]
         for name, value in self.gauges().items():
             lines += [f"# TYPE {name} gauge", f"{name} {value}"]
         return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -108,7 +108,7 @@ def library() -> ctypes.CDLL:
         "ss_fma_peak": ([i64, p], ctypes.c_double),
         "ss_layer_fields": ([], i32),
         "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, p, p, p,
-                        p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, p], None),
+                        p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, i64, p, p], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

@@ -32,15 +32,16 @@ int ss_layer_fields() { return LAYER_FIELDS; }
 // A whole pass: embedding, every layer, final norm and LM head.  tokens: [M]; x: [M, hid] scratch;
 // hbuf, qkv, q, att, gu, act: scratch as in model.py; weights: [L, LAYER_FIELDS]; kc, vc: the cache's
 // [L, R, Hkv, C, D] tensors; embed / head: the embedding and LM-head matrices (fmt, V rows);
-// logits: [M, V] out; feats: [L+1] destinations for each layer's input and, at L, the normed output
-// (0: not wanted), or null.
+// logit_rows: [n_logits] the rows whose logits are wanted (gathered, in that order); n_logits < 0: all M;
+// logits: [n_logits or M, V] out; feats: [L+1] destinations for each layer's input and, at L, the
+// normed output (0: not wanted), or null.
 void ss_forward(const int64_t* tokens, float* x, float* hbuf, float* qkv, float* q, float* att, float* gu,
                 float* act, int64_t L, int64_t M, int64_t hid, int64_t inter, int64_t H, int64_t Hkv, int64_t D,
                 int64_t R, int64_t C, float eps, float scale, const float* cos, const float* sin, const int64_t* rows,
                 const int64_t* start, const int64_t* offsets, const int64_t* seq_of, const int64_t* pos,
                 const int64_t* parent, int64_t B, const int64_t* weights, float* kc, float* vc,
                 const uint8_t* embed, int embed_fmt, const float* norm, const uint8_t* head, int head_fmt, int64_t V,
-                float* logits, const int64_t* feats) {
+                const int64_t* logit_rows, int64_t n_logits, float* logits, const int64_t* feats) {
   const int64_t layer_cache = R * Hkv * C * D;
   ss_embed(tokens, M, embed, embed_fmt, hid, x);
   for (int64_t i = 0; i < L; ++i) {
@@ -64,7 +65,14 @@ void ss_forward(const int64_t* tokens, float* x, float* hbuf, float* qkv, float*
   }
   ss_rmsnorm(x, norm, M, hid, eps, hbuf);
   if (feats && feats[L]) std::memcpy(reinterpret_cast<float*>(feats[L]), hbuf, M * hid * sizeof(float));
-  ss_linear(hbuf, M, hid, head, head_fmt, V, nullptr, logits, 0);
+  const float* out = hbuf;
+  int64_t n_out = M;
+  if (n_logits >= 0) {         // gather the wanted rows into x (free after the final norm)
+    for (int64_t r = 0; r < n_logits; ++r) std::memcpy(x + r * hid, hbuf + logit_rows[r] * hid, hid * sizeof(float));
+    out = x;
+    n_out = n_logits;
+  }
+  ss_linear(out, n_out, hid, head, head_fmt, V, nullptr, logits, 0);
 }
 
 }  // extern "C"

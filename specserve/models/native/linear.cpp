@@ -193,7 +193,7 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 6; }
+int ss_abi_version() { return 7; }
 
 // Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
 // multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32

@@ -5,8 +5,8 @@ different runtime: weights stay in the blocks they were stored in (Q4_1 / Q8_0 G
 for float checkpoints), activations are fp32, and each layer is nine calls into the C++ kernels
 over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
 header of simd.h), so one token's logits are bit-identical however many tokens, rows or cache
-slots share its pass, for decoding and verification; prompt prefills longer than
-``PREFILL_GEMM_MIN_TOKENS`` take a faster GEMM (see there).
+slots share its pass, for decoding, verification and prompt prefill alike: a prompt prefilled whole,
+in chunks of any size, or beside other sequences' decoding leaves the same bits in the cache.
 """
 
 from __future__ import annotations
@@ -22,12 +22,6 @@ from specserve.models.layers import KEY_BLOCK, rope_inv_freq, rope_tables
 from specserve.models.native import MAX_TREE_TOKENS, NativeWeight, library, linear
 
 MAX_HEAD_DIM = 256
-# Chain passes over more tokens than this per row are prompt prefills (a verification pass holds at
-# most MAX_DRAFT + 1 = 33 tokens; a tree pass never takes this path).  Their projections run as one fp32 GEMM (MKL) over weights dequantized for
-# the pass, 3 to 4 times faster than the row-invariant kernel at that size.  MKL's result for a row
-# depends on the row count, but a prefill is one call over the whole prompt, alone, identical in
-# plain and speculative decoding, so greedy identity is unaffected.
-PREFILL_GEMM_MIN_TOKENS = 48
 
 
 def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
@@ -36,21 +30,6 @@ def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
 
 def _f32(t: Tensor) -> Tensor:
     return t.detach().to(torch.float32).contiguous()
-
-
-def _gemm(x: Tensor, w: NativeWeight, bias: Tensor | None = None, out: Tensor | None = None,
-          accumulate: bool = False) -> Tensor:
-    """Prefill projection: x [M, in] @ W^T with W dequantized exactly to fp32 for this call."""
-    wf = w.dequantize()
-    if out is None:
-        out = torch.empty(x.shape[0], w.shape[0])
-    if accumulate:
-        out.addmm_(x, wf.t())
-    else:
-        torch.mm(x, wf.t(), out=out)
-    if bias is not None:
-        out.add_(bias)
-    return out
 
 
 class _Layer:
@@ -81,6 +60,7 @@ class NativeTransformer(nn.Module):
 
     kernel = "native"
     attention = "native"
+    invariant_tokens = 1 << 30        # every kernel is invariant, whatever the pass holds
 
     def __init__(self, cfg: ModelConfig, sd: dict):
         super().__init__()
@@ -153,7 +133,7 @@ class NativeTransformer(nn.Module):
         kernel call at a time (the same calls as ``ss_forward``, so the same bits)."""
         self._timer = timer
         if timer is None:
-            self._linear, self._gemm, self._lib = linear, _gemm, self.lib
+            self._linear, self._lib = linear, self.lib
             return
         roles = {id(self.lm_head): "lm_head"}
         for layer in self.layers:
@@ -170,12 +150,12 @@ class NativeTransformer(nn.Module):
             def __getattr__(_, name):
                 return timer.wrap(lib_roles.get(name, "norms+activation"), getattr(self.lib, name))
 
-        self._linear, self._gemm, self._lib = by_role(linear), by_role(_gemm), Lib()
+        self._linear, self._lib = by_role(linear), Lib()
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
-                features: tuple[int, ...] = ()) -> ForwardOutput:
+                features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
         """One pass (layout: ``specserve.models.decoder``), chain, tree or ragged."""
         cfg, lib = self.config, self._lib
         lay = Layout.of(tokens, lengths, parents)
@@ -183,12 +163,18 @@ class NativeTransformer(nn.Module):
         ragged = lengths is not None
         if ragged and last_only:
             raise ValueError("last_only is for [B, T] passes")
+        if logits_for is not None and not ragged:
+            raise ValueError("logits_for is for ragged passes")
         if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.cos.shape[0]):
             raise ValueError(f"positions up to {max(start) + longest} exceed cache capacity {cache.capacity}")
         if cache.k[0].dtype != torch.float32:
             raise ValueError("the native runtime needs a float32 KV cache")
         if lay.parents is not None and longest > MAX_TREE_TOKENS:
             raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per sequence, got {longest}")
+        pick = lay.offsets[1:] - 1 if last_only else logits_for
+        pick_t = torch.as_tensor(np.asarray(pick, dtype=np.int64)) if pick is not None else None
+        if pick_t is not None and len(pick_t) and not bool(((pick_t >= 0) & (pick_t < m)).all()):
+            raise ValueError(f"logits_for indices must be in [0, {m})")
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         hid, inter, cap = cfg.hidden_size, cfg.intermediate_size, cache.capacity
         tok = tokens.reshape(-1).to(torch.int64).contiguous()
@@ -206,29 +192,30 @@ class NativeTransformer(nn.Module):
         gu = torch.empty(m, 2 * inter)
         act = torch.empty(m, inter)
         eps, scale = float(cfg.rms_norm_eps), float(d ** -0.5)
-        # a [B, T] chain pass longer than any verification pass is a prompt prefill (see the constant)
-        prefill = not ragged and longest > PREFILL_GEMM_MIN_TOKENS and lay.parents is None
-        lin = self._gemm if prefill else self._linear
-        feats: dict[int, Tensor] = {}
-        if not prefill and not last_only and self._timer is None:
+        n_logits = len(pick_t) if pick_t is not None else m
+        logits = torch.empty(n_logits, self.lm_head.shape[0])
+        wanted = {i: torch.empty(m, hid) for i in features if i <= cfg.num_layers}
+        if self._timer is None:
             # the whole pass in one foreign call: the Python lock is taken once (see forward.cpp)
-            wanted = {i: torch.empty(m, hid) for i in features if i <= cfg.num_layers}
             ptrs = torch.tensor([wanted[i].data_ptr() if i in wanted else 0 for i in range(cfg.num_layers + 1)],
                                 dtype=torch.int64) if wanted else None
-            logits = torch.empty(m, self.lm_head.shape[0])
             lib.ss_forward(tok.data_ptr(), x.data_ptr(), hbuf.data_ptr(), qkv.data_ptr(), q.data_ptr(), att.data_ptr(),
                            gu.data_ptr(), act.data_ptr(), cfg.num_layers, m, hid, inter, h, hkv, d,
                            cache.k_all.shape[1], cap, eps, scale, self.cos.data_ptr(), self.sin.data_ptr(),
                            rows_t.data_ptr(), start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(),
                            pos_t.data_ptr(), parent_ptr, bsz, self._weights.data_ptr(), cache.k_all.data_ptr(),
                            cache.v_all.data_ptr(), self.embed.data.data_ptr(), self.embed.fmt, self.norm.data_ptr(),
-                           self.lm_head.data.data_ptr(), self.lm_head.fmt, self.lm_head.shape[0], logits.data_ptr(),
+                           self.lm_head.data.data_ptr(), self.lm_head.fmt, self.lm_head.shape[0],
+                           pick_t.data_ptr() if pick_t is not None else None,
+                           n_logits if pick_t is not None else -1, logits.data_ptr(),
                            ptrs.data_ptr() if ptrs is not None else None)
-            return self._output(logits, wanted, ragged, bsz, longest)
+            return self._output(logits, wanted, ragged, bsz, 1 if last_only else longest)
+        # timed: the same kernel calls from Python, one at a time
+        lin = self._linear
         lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
         for i, layer in enumerate(self.layers):
-            if i in features:
-                feats[i] = x.clone()
+            if i in wanted:
+                wanted[i].copy_(x)
             kc, vc = cache.k[i], cache.v[i]
             # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
@@ -249,13 +236,11 @@ class NativeTransformer(nn.Module):
             lib.ss_silu_mul(gu.data_ptr(), m, inter, act.data_ptr())
             lin(act, layer.down, out=x, accumulate=True)
         lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
-        if cfg.num_layers in features:
-            feats[cfg.num_layers] = hbuf.clone()
-        out = hbuf
-        if last_only:
-            out = hbuf.view(bsz, -1, hid)[:, -1].contiguous()
-        head = self._gemm if prefill and not last_only else self._linear
-        return self._output(head(out, self.lm_head), feats, ragged, bsz, -1 if last_only else longest)
+        if cfg.num_layers in wanted:
+            wanted[cfg.num_layers].copy_(hbuf)
+        out = hbuf[pick_t].contiguous() if pick_t is not None else hbuf
+        lin(out, self.lm_head, out=logits)
+        return self._output(logits, wanted, ragged, bsz, 1 if last_only else longest)
 
     def _output(self, logits: Tensor, feats: dict[int, Tensor], ragged: bool, bsz: int, t: int) -> ForwardOutput:
         """Flat [N, ...] results for a ragged pass, [B, T, ...] otherwise."""
