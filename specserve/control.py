@@ -34,6 +34,9 @@ import numpy as np
 import torch
 
 # ------------------------------------------------------------------------------------------ cost
+LONG_RUN = 16      # a sequence's run of this many tokens in a pass shares key reads (native attention)
+
+
 @dataclass
 class CostModel:
     tokens: list[int]             # calibrated pass sizes (total tokens)
@@ -42,6 +45,8 @@ class CostModel:
     context: int = 64             # the context the table was measured at
     scale: float = 1.0            # online correction: measured / predicted, decayed average
     observed: int = 0
+    per_key_run: float | None = None   # the same for a sequence's run of >= LONG_RUN tokens (a prompt
+                                       # chunk: its queries share each key read); None: per_key
 
     def base(self, m: int) -> float:
         """Seconds of a pass of m tokens at the calibration context (linear beyond the table)."""
@@ -53,8 +58,10 @@ class CostModel:
     def raw(self, lengths: list[int], contexts: list[int]) -> float:
         """Seconds of a ragged pass on the machine as calibrated: lengths[b] tokens of a sequence
         holding contexts[b] positions."""
-        keys = sum(n * max(c + n - self.context, 0) for n, c in zip(lengths, contexts))
-        return self.base(sum(lengths)) + self.per_key * keys
+        run = self.per_key if self.per_key_run is None else self.per_key_run
+        attention = sum(n * max(c + n - self.context, 0) * (run if n >= LONG_RUN else self.per_key)
+                        for n, c in zip(lengths, contexts))
+        return self.base(sum(lengths)) + attention
 
     def predict(self, lengths: list[int], contexts: list[int]) -> float:
         """``raw`` times the online correction: the machine as it has been lately."""
@@ -72,7 +79,8 @@ class CostModel:
         """Rows for ``specserve profile``: the table and the attention term."""
         out = [f"| {m} | {s * 1e3:.2f} |" for m, s in zip(self.tokens, self.seconds)]
         return ["| tokens in the pass | ms (context %d) |" % self.context, "|---|---|", *out,
-                f"attention: {self.per_key * 1e9:.2f} ns per token per cached key beyond {self.context}"]
+                f"attention: {self.per_key * 1e9:.2f} ns per token per cached key beyond {self.context}"
+                + (f" ({self.per_key_run * 1e9:.2f} in runs of {LONG_RUN}+ tokens)" if self.per_key_run is not None else "")]
 
 
 _CALIBRATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -87,11 +95,11 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     ``long_context`` for the attention term.  A few seconds on the default model; cached per model."""
     cached = _CALIBRATED.get(model)
     if cached is not None and cached.tokens[-1] >= min(max_tokens, CALIBRATION_TOKENS[-1]):
-        return CostModel(cached.tokens, cached.seconds, cached.per_key, cached.context)
+        return CostModel(cached.tokens, cached.seconds, cached.per_key, cached.context, per_key_run=cached.per_key_run)
     sizes = [m for m in CALIBRATION_TOKENS if m <= max(max_tokens, 2)]
     rows = -(-sizes[-1] // 8)
     long_context = max(min(long_context, model.config.max_position_embeddings - 16), context + 1)
-    short = model.new_cache(rows, context + 16)
+    short = model.new_cache(rows, context + 4 * LONG_RUN + 16)
     long = model.new_cache(1, long_context + 16)
     g = torch.Generator().manual_seed(seed)
     vocab, dev = model.config.vocab_size, model.device
@@ -116,10 +124,14 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     near = timed(short, [1], context)
     far = timed(long, [1], long_context)
     per_key = max(far - near, 0.0) / max(long_context - context, 1)
+    run = 4 * LONG_RUN                                             # a prompt chunk's run, near and far
+    near_run = timed(short, [run], context)
+    far_run = timed(long, [run], long_context - run)
+    per_key_run = max(far_run - near_run, 0.0) / (run * max(long_context - run - context, 1))
     seconds = list(np.maximum.accumulate(seconds))                 # a bigger pass never costs less
-    cost = CostModel(sizes, seconds, per_key, context)
+    cost = CostModel(sizes, seconds, per_key, context, per_key_run=per_key_run)
     _CALIBRATED[model] = cost
-    return CostModel(sizes, seconds, per_key, context)
+    return CostModel(sizes, seconds, per_key, context, per_key_run=per_key_run)
 
 
 # ------------------------------------------------------------------------------------ prefill
@@ -128,12 +140,13 @@ def prefill_shares(cost: CostModel | None, lengths: list[int], contexts: list[in
     """Prompt tokens each waiting prompt adds to this step's pass (chunked prefill).
 
     ``lengths``/``contexts``: the pass's decoding sequences (tokens fed, positions cached);
-    ``prompts``: (positions cached, tokens left) per prompt being prefilled, first come first.  The
-    prompts share a total of at most ``most`` tokens, first come first served, each share ending at
-    a multiple of ``grain`` unless it ends the prompt.  With nothing decoding (or no cost model
-    yet) the total is ``most``; otherwise it is the largest for which the pass is predicted to take
-    at most ``stall`` times the pass without prompts, and never less than ``grain`` (a prompt
-    always advances).  Example: one prompt (0 cached, 100 left), most 64, grain 16 -> [64]."""
+    ``prompts``: (positions cached, tokens left) per prompt being prefilled, in priority order.  The
+    prompts share a total of at most ``most`` tokens in that order, each share ending at a multiple
+    of ``grain`` unless it ends the prompt.  With nothing decoding (or no cost model yet) the total
+    is ``most``; otherwise it is the largest for which the pass is predicted to take at most
+    ``stall`` times the reference step, every sequence of the batch decoding one token (the
+    prompts' included), and never less than ``grain`` (a prompt always advances).
+    Example: one prompt (0 cached, 100 left), most 64, grain 16 -> [64]."""
     def shares(total: int) -> list[int]:
         out, left = [], total
         for ctx, rest in prompts:
@@ -147,7 +160,8 @@ def prefill_shares(cost: CostModel | None, lengths: list[int], contexts: list[in
 
     if not lengths or cost is None:
         return shares(most)
-    limit = stall * cost.predict(lengths, contexts)
+    # the reference step: every sequence of the batch decoding, the prompts' included (one token each)
+    limit = stall * cost.predict(lengths + [1] * len(prompts), contexts + [c for c, _ in prompts])
 
     def fits(total: int) -> bool:
         sh = shares(total)

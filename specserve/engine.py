@@ -300,9 +300,12 @@ class Engine:
         return [s.seq_id for s in done]
 
     def _chunks(self, prompts: list[Sequence], lengths: list[int], contexts: list[int]) -> list[tuple[Sequence, int]]:
-        """(prompt, tokens) for each prompt this step's pass advances."""
+        """(prompt, tokens) for each prompt this step's pass advances: prompts that one chunk can
+        finish first (a short prompt does not wait behind a long one), then the others, each class
+        first come first served."""
         if not prompts:
             return []
+        prompts = sorted(prompts, key=lambda s: len(s.request.prompt) - s.prefilled > self.prompt_tokens_max)
         if lengths and self.prefill.policy.chunk is not None:
             self.sizer.calibrate()                 # a few seconds, once (the server does it at start)
         left = [(s.prefilled, len(s.request.prompt) - s.prefilled) for s in prompts]

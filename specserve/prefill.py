@@ -4,8 +4,11 @@ A prompt is prefilled in **chunks**, each one more ragged sequence in the same t
 running sequences' decoding and verification tokens, so a long prompt never freezes the streams
 already running.  How many prompt tokens a step takes is the controller's choice
 (``control.prefill_shares``): everything up to ``chunk`` when nothing else runs, otherwise as much
-as keeps the step within ``stall`` times the step without prompts.  Chunks end at multiples of
-``prefix_cache.BLOCK`` (unless they end the prompt), so every block of a prompt lies in one chunk.
+as keeps the step within ``stall`` times a decoding step of the whole batch (every sequence one
+token, the prompts' included), so the running streams' inter-token latency stays within about
+``stall`` times its usual value while prompts enter.  Prompts that one chunk can finish go first.
+Chunks end at multiples of ``prefix_cache.BLOCK`` (unless they end the prompt), so every block of a
+prompt lies in one chunk.
 
 The bits do not depend on the chunking: on a batch-invariant runtime each position's keys, values,
 features and logits are computed by the same operations whether its prompt is prefilled whole, in
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PrefillPolicy:
     chunk: int | None = 256         # most prompt tokens one pass takes; None: every prompt whole, in one pass
-    stall: float = 2.0              # a step with prompt chunks may take this many times the step without
+    stall: float = 3.0              # a step with prompt chunks may take this many times a decoding step
     prefix_cache_mb: float = 0.0    # the prefix pool's memory (0: no reuse)
 
     def check(self) -> None:

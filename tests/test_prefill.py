@@ -33,15 +33,18 @@ def test_shares_without_decoding_take_the_most():
 
 def test_shares_hold_the_step_budget_and_always_advance():
     cost = linear_cost()
-    # decoding pass: 4 tokens -> 14 s; stall 2 -> at most 28 s -> 14 more tokens, rounded down to 0
-    # blocks, yet a prompt always advances by one block
+    # the reference step: 4 decoding tokens and the prompt's one -> 15 s; stall 2 -> at most 30 s
+    # -> 16 prompt tokens beside the 4 decoding ones
     assert prefill_shares(cost, [4], [50], [(0, 100)], most=512, grain=16, stall=2.0) == [16]
-    # stall 5 -> 70 s -> 56 more tokens -> 48 (three blocks)
+    # stall 5 -> 75 s -> 61 more tokens -> 48 (three blocks)
     assert prefill_shares(cost, [4], [50], [(0, 100)], most=512, grain=16, stall=5.0) == [48]
+    # stall 1.2 -> 18 s: not even one block fits, yet a prompt always advances by one
+    assert prefill_shares(cost, [4], [50], [(0, 100)], most=512, grain=16, stall=1.2) == [16]
     for stall in (2.0, 3.0, 8.0, 20.0):
         sh = prefill_shares(cost, [2, 3], [10, 10], [(0, 90), (32, 500)], most=512, grain=16, stall=stall)
         took = sum(sh)
-        assert took >= 16 and (took == 16 or cost.predict([2, 3, *[n for n in sh if n]], [0] * 4) <= stall * 15)
+        assert took >= 16 and (took == 16 or cost.predict([2, 3, *[n for n in sh if n]], [0] * 4) <= stall * 17)
+        assert took + 16 > 512 or cost.predict([2, 3, took + 16], [0] * 3) > stall * 17 or sh[0] == 90
 
 
 # ------------------------------------------------------------------ the pool
@@ -81,7 +84,7 @@ def test_pool_evicts_the_least_recently_used_leaf_and_never_cuts_a_chain():
     a = [list(range(i * BLOCK, (i + 1) * BLOCK)) for i in range(4)]
     b0 = p.store(None, a[0], k, v, 0)
     b1 = p.store(b0, a[1], k, v, BLOCK)
-    c0 = p.store(None, a[2], k, v, 0)                 # full now: [b0 -> b1], [c0]
+    p.store(None, a[2], k, v, 0)                      # full now: [b0 -> b1], [c0]
     p.match(a[0] + a[1], features=False)             # b0, b1 used after c0
     p.store(b1, a[3], k, v, 2 * BLOCK)               # evicts c0 (the LRU leaf), not b0 (it has a child)
     assert p.stats.evicted_blocks == 1 and p.blocks == 3
@@ -224,3 +227,19 @@ def test_abort_and_a_one_token_request_while_prefilling(target):
     assert eng.free_capacity == 2 and eng.num_running == 0
     one = eng.generate([Request(LONG[:40], 1)])[0]
     assert len(one.tokens) == 1 and one.finish_reason == "length" and one.stats.prefill_passes == 3
+
+
+def test_a_short_prompt_does_not_wait_behind_a_long_one(target):
+    eng = engine(target, chunk=64, stall=1.0, max_batch=3)
+    running = eng.admit(Request(SHORT[0], 200))
+    eng.step()
+    long_id = eng.admit(Request(LONG, 4))
+    short_id = eng.admit(Request(SHORT[2], 4))
+    eng.step()
+    assert eng.progress(short_id) != [] and eng.progress(long_id) == []
+    while eng.progress(long_id) == []:            # the long prompt still advances every step
+        before = eng._find(long_id).prefilled
+        eng.step()
+        if eng.progress(long_id) == []:
+            assert eng._find(long_id).prefilled > before
+    eng.abort(running)

@@ -7,8 +7,15 @@
 namespace ss {
 namespace {
 
-// Query heads sharing one kv head processed together by attention (chosen by A/B timing).
-constexpr int64_t ATT_QG_MAX = 4;
+// Queries sharing one kv head processed together by attention, so that each key and value block
+// read from memory serves all of them: 4 for short runs (decoding and verification: more tasks to
+// spread over the threads), 16 for a sequence of at least LONG_RUN tokens (a prompt chunk, where
+// reading the cached keys and values once per 4 queries made attention memory-bound).  Chosen by
+// A/B timing; the grouping never changes a result's bits.
+constexpr int64_t ATT_QG_SHORT = 4;
+constexpr int64_t ATT_QG_MAX = 16;
+constexpr int64_t LONG_RUN = 16;
+inline int64_t query_group(int64_t tokens) { return tokens >= LONG_RUN ? ATT_QG_MAX : ATT_QG_SHORT; }
 // Longest path a tree pass may hold (the Python side refuses larger tree passes).
 constexpr int64_t MAX_TREE_TOKENS = 256;
 
@@ -129,11 +136,11 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
                   const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
                   int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
   const int64_t G = H / Hkv;
-  // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to ATT_QG_MAX of its T_b * G queries
+  // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to query_group(T_b) of its T_b * G queries
   std::vector<int64_t> first_task(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t per_head = (offsets[b + 1] - offsets[b]) * G;
-    first_task[b + 1] = first_task[b] + Hkv * ((per_head + ATT_QG_MAX - 1) / ATT_QG_MAX);
+    const int64_t t_b = offsets[b + 1] - offsets[b], per_head = t_b * G, qg = query_group(t_b);
+    first_task[b + 1] = first_task[b] + Hkv * ((per_head + qg - 1) / qg);
   }
   const int64_t tasks = first_task[B];
   const int64_t stride = ((C + 15) / 16) * 16;           // score row, room for a full last group
@@ -147,10 +154,10 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
     for (int64_t task = 0; task < tasks; ++task) {
       int64_t b = 0;
       while (first_task[b + 1] <= task) ++b;
-      const int64_t local = task - first_task[b], per_head = (offsets[b + 1] - offsets[b]) * G;
-      const int64_t chunks = (per_head + ATT_QG_MAX - 1) / ATT_QG_MAX;
+      const int64_t local = task - first_task[b], t_b = offsets[b + 1] - offsets[b], per_head = t_b * G;
+      const int64_t qg = query_group(t_b), chunks = (per_head + qg - 1) / qg;
       const int64_t chunk = local % chunks, hk = local / chunks;
-      const int64_t q0 = chunk * ATT_QG_MAX, nq = per_head - q0 < ATT_QG_MAX ? per_head - q0 : ATT_QG_MAX;
+      const int64_t q0 = chunk * qg, nq = per_head - q0 < qg ? per_head - q0 : qg;
       const int64_t base = (rows[b] * Hkv + hk) * C * D, s0 = start[b], o0 = offsets[b];
       const float *kb = kc + base, *vb = vc + base;
       const float* qv[ATT_QG_MAX];
