@@ -13,7 +13,8 @@
 # Run it with nothing else busy on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/prefill_bench.sh OUT_DIR [BASELINE_SOURCE_DIR]}
+out=$(realpath -m "${1:?usage: scripts/prefill_bench.sh OUT_DIR [BASELINE_SOURCE_DIR]}")
+venv=$PWD/.venv
 base=${2:-}
 port=8131
 mkdir -p "$out"
@@ -23,8 +24,9 @@ system=specserve/data/bench/agent_system_prompt.txt
 
 serve() {   # serve NAME PYTHONPATH ARGS...: start a server, wait until it answers
   local name=$1 path=$2; shift 2
-  PYTHONPATH=$path .venv/bin/python -m specserve.cli serve --port "$port" --drafter ngram --max-batch 16 "$@" \
-    >"$out/$name-server.log" 2>&1 &
+  # run from the source folder: `python -m` puts the working directory first on the module path
+  (cd "$path" && PYTHONPATH=$path exec "$venv/bin/python" -m specserve.cli serve --port "$port" --drafter ngram \
+    --max-batch 16 "$@") >"$out/$name-server.log" 2>&1 &
   server=$!
   for _ in $(seq 1 300); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
@@ -32,14 +34,20 @@ serve() {   # serve NAME PYTHONPATH ARGS...: start a server, wait until it answe
   done
   echo "server $name did not start" >&2; exit 1
 }
-stop() { grep -E 'VmHWM' "/proc/$server/status" >"$out/$1-memory.txt" || true; kill "$server"; wait "$server" 2>/dev/null || true; }
+stop() {
+  grep -E 'VmHWM' "/proc/$server/status" >"$out/$1-memory.txt" || true
+  kill "$server"; wait "$server" 2>/dev/null || true
+  sleep 2
+}
 bench() {   # bench NAME ARGS...
   local name=$1; shift
   .venv/bin/specserve bench --endpoint "http://127.0.0.1:$port/v1" --out "$out/$name" "$@" >/dev/null
 }
 
+git log --oneline -1 >"$out/version.txt"
 if [ -n "$base" ]; then
-  serve baseline "$base"
+  git -C "$base" log --oneline -1 >"$out/baseline-version.txt"
+  serve baseline "$(realpath "$base")"
   bench baseline-specbench --methods none,ngram "${spec[@]}" --concurrency 1,12
   bench baseline-loop --methods none,ngram "${loop[@]}"
   stop baseline
