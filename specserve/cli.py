@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from specserve.errors import SpecserveError
@@ -81,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(a multiple of 16); prompts enter the running batch in chunks")
     v.add_argument("--no-chunked-prefill", action="store_true", help="prefill every prompt whole, in one step "
                    "(running streams wait for it)")
-    v.add_argument("--prefill-stall", type=float, default=3.0, help="while streams run, a step with prompt chunks "
+    v.add_argument("--prefill-stall", type=float, default=5.0, help="while streams run, a step with prompt chunks "
                    "is sized to take at most this many times a decoding step of the whole batch")
     v.add_argument("--prefix-cache-mb", type=float, default=1024, help="memory for reusing the KV of earlier "
                    "prompts' prefixes (least recently used blocks are evicted)")

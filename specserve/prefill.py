@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PrefillPolicy:
     chunk: int | None = 256         # most prompt tokens one pass takes; None: every prompt whole, in one pass
-    stall: float = 3.0              # a step with prompt chunks may take this many times a decoding step
+    stall: float = 5.0              # a step with prompt chunks may take this many times a decoding step
     prefix_cache_mb: float = 0.0    # the prefix pool's memory (0: no reuse)
 
     def check(self) -> None:

@@ -63,7 +63,7 @@ class Server:
 def llm():
     """As ``specserve serve`` builds it: chunked prefill and a prefix cache (smaller here)."""
     return LLM("default", drafters=["ngram", "eagle", "medusa"], max_batch=MAX_BATCH, max_len=2048, preload=True,
-               prefill=PrefillPolicy(256, 3.0, 64))
+               prefill=PrefillPolicy(256, 5.0, 64))
 
 
 @pytest.fixture(scope="module")
