@@ -21,6 +21,7 @@ chain) and sets the row's length to ``L + 1 + a``: entries past it are dead and 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import sys
 import time
@@ -419,7 +420,8 @@ class Engine:
         s.stats.total_s = time.perf_counter() - s.arrival
         self.drafters[s.request.drafter].end(s.seq_id)
         self._running.remove(s)
-        self._free_rows.append(s.row)
+        # the lowest free row is taken next, so the cache pages touched follow the concurrency, not the history
+        bisect.insort(self._free_rows, s.row)
         self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)
 
     def _find(self, seq_id: int) -> Sequence | None:

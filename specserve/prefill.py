@@ -46,7 +46,7 @@ class PrefillPolicy:
         if self.chunk is not None and (self.chunk < BLOCK or self.chunk % BLOCK):
             raise SpecserveError(f"prefill chunk must be a positive multiple of {BLOCK} tokens, got {self.chunk}")
         if not self.stall >= 1.0:
-            raise SpecserveError(f"prefill stall must be >= 1 (times the step without prompts), got {self.stall}")
+            raise SpecserveError(f"prefill stall must be >= 1 (times a decoding step of the batch), got {self.stall}")
         if not self.prefix_cache_mb >= 0:
             raise SpecserveError(f"prefix cache size must be >= 0 MB, got {self.prefix_cache_mb}")
 
