@@ -230,7 +230,8 @@ def test_abort_and_a_one_token_request_while_prefilling(target):
 
 
 def test_a_short_prompt_does_not_wait_behind_a_long_one(target):
-    eng = engine(target, chunk=64, stall=1.0, max_batch=3)
+    eng = engine(target, chunk=64, stall=3.0, max_batch=3)
+    eng.sizer.cost = linear_cost()     # deterministic budgets: the decoding step 13 s, the budget 39 s
     running = eng.admit(Request(SHORT[0], 200))
     eng.step()
     long_id = eng.admit(Request(LONG, 4))
