@@ -196,7 +196,8 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
     # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead), re-bound here
     engines = {m.label: Engine(llm.target, {m.label: llm.engine.drafters[m.label]}, max_batch=level, max_len=4096)
                for m in methods}
-    for m in methods:                                              # warm-up, and the cost model
+    for m in methods:              # warm-up, and the cost model (auto draft sizes and prompt chunks use it)
+        engines[m.label].calibrate()
         engines[m.label].generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
     plan = turns(len(ids), level, len(methods))
