@@ -114,7 +114,12 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, max_depth: int, min_n: int = 
     trie = Trie()
     for end, w, m in zip(ends.tolist(), weight.tolist(), lengths.tolist()):
         trie.add(tokens[end: end + max_depth].tolist(), w, m)
-    score = trie.scores(base, growth)
+    return best_first(trie, trie.scores(base, growth), k, min_score)
+
+
+def best_first(trie: Trie, score: list[float], k: int, min_score: float) -> DraftProposal:
+    """The k best-scoring nodes of ``trie`` (none below ``min_score``), emitted depth-first with the
+    best child first, ``score`` as their confidence."""
     # best-first selection: a child's score <= its parent's, so popping by score keeps a tree
     heap = [(-score[c], c) for c in trie.children[0].values()]
     heapq.heapify(heap)

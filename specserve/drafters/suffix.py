@@ -1,0 +1,218 @@
+"""``suffix``: suffix decoding over earlier requests' text, shared by the whole server.
+
+Prompt lookup (``ngram``, ``ngram-tree``) only sees the current request.  Suffix decoding
+(Oliaro et al. 2024, arXiv 2411.04975; ArcticInference) also matches the current sequence's suffix
+against the prompts and outputs of *earlier* requests, which pays off on repetitive workloads: an
+agent loop that emits the same tool-call formats, many edits of one document.
+
+Terms.  The **corpus** is every finished request's text (prompt + generated tokens), plus what
+``warm`` loaded, oldest first, at most ``max_tokens`` tokens: when a new text would pass that, the
+oldest texts are dropped (first in, first out).  A **match** is an earlier position whose preceding
+tokens equal the current sequence's last m tokens (``min_n <= m <= max_n``), in the corpus or in the
+current sequence itself.  The index keys each corpus position by the token before it and by the
+three before it, keeping the ``per_key`` most recent positions per key, and a match's length is
+then counted back from there, so a lookup costs O(candidates x max_n), not O(corpus).
+
+The proposal is the ``ngram-tree`` trie over the matches' continuations: the ``max_matches`` longest
+(then most recent) matches each add what followed them; a node's estimate is its parent's, times
+its share of the continuations leaving the parent (frequency), times the reliability of a copy
+after a match of its length (``ngram.reliability``).  The tree holds at most ``size_factor`` x the
+longest match length nodes (a long, frequent match earns a big tree; a 1-token match a small one),
+at most k, none below ``min_score``.  Deterministic proposals (one-hot q): exact under sampling.
+
+Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
+thread, ``warm`` and the server's start-up from another.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
+from specserve.drafters.ngram_tree import Trie, best_first, find_matches
+from specserve.drafters.registry import register
+from specserve.errors import SpecserveError
+
+ANCHOR = 3                  # the long key: the three tokens before a position
+SHORT_PER_KEY = 32          # positions kept per 1-token key (common tokens recur everywhere)
+
+
+class SuffixIndex:
+    """The corpus and its index (see the module docstring); all methods take the lock."""
+
+    def __init__(self, max_tokens: int, per_key: int):
+        self.max_tokens, self.per_key = max_tokens, per_key
+        self.docs: dict[int, np.ndarray] = {}
+        self.order: collections.deque[int] = collections.deque()
+        self.tokens = 0
+        self.next_id = 0
+        self.long: dict[tuple, list[tuple[int, int]]] = {}      # 3 tokens before -> [(doc, position)]
+        self.short: dict[int, list[tuple[int, int]]] = {}       # 1 token before -> [(doc, position)]
+        self.lock = threading.Lock()
+
+    def add(self, tokens: list[int] | np.ndarray) -> None:
+        arr = np.asarray(tokens, dtype=np.int64)
+        if len(arr) < 2 or len(arr) > self.max_tokens:
+            return
+        with self.lock:
+            while self.tokens + len(arr) > self.max_tokens and self.order:
+                self.tokens -= len(self.docs.pop(self.order.popleft()))
+            doc = self.next_id
+            self.next_id += 1
+            self.docs[doc] = arr
+            self.order.append(doc)
+            self.tokens += len(arr)
+            seq = arr.tolist()
+            for p in range(1, len(seq)):
+                self._push(self.short, seq[p - 1], (doc, p), SHORT_PER_KEY)
+                if p >= ANCHOR:
+                    self._push(self.long, tuple(seq[p - ANCHOR:p]), (doc, p), self.per_key)
+
+    def _push(self, table: dict, key, entry: tuple[int, int], cap: int) -> None:
+        lst = table.setdefault(key, [])
+        lst.append(entry)
+        if len(lst) > 2 * cap:
+            del lst[:len(lst) - cap]
+
+    def matches(self, suffix: np.ndarray, min_n: int, max_n: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
+        """(continuation of at most ``depth`` tokens, match length, doc) for every live candidate
+        whose match is at least ``min_n`` long; ``suffix``: the sequence's last tokens."""
+        q = suffix[-max_n:].tolist()
+        out = []
+        with self.lock:
+            cands = list(self.short.get(q[-1], [])[-SHORT_PER_KEY:])
+            if len(q) >= ANCHOR:
+                cands += self.long.get(tuple(q[-ANCHOR:]), [])[-self.per_key:]
+            seen = set()
+            for doc, p in reversed(cands):                        # newest first
+                arr = self.docs.get(doc)
+                if arr is None or (doc, p) in seen or p >= len(arr):
+                    continue
+                seen.add((doc, p))
+                m = 0
+                while m < len(q) and p - 1 - m >= 0 and arr[p - 1 - m] == q[-1 - m]:
+                    m += 1
+                if m >= min_n:
+                    out.append((arr[p:p + depth], m, doc))
+        return out
+
+
+@register("suffix")
+class SuffixDrafter(Drafter):
+    tree = True
+    confidence = True
+    preload = True
+    max_auto_draft = 16
+    options = (Option("min_n", int, 1, "shortest match used"),
+               Option("max_n", int, 16, "longest match counted (longer matches are trusted more)"),
+               Option("max_matches", int, 32, "matches merged into the trie"),
+               Option("max_depth", int, 16, "longest path proposed"),
+               Option("size_factor", float, 2.0, "at most this many nodes per token of the longest match"),
+               Option("max_tokens", int, 500_000, "corpus size bound in tokens (oldest texts dropped first)"),
+               Option("per_key", int, 256, "most recent corpus positions kept per 3-token key"),
+               Option("length_weight", float, 4.0, "a match of length m weighs length_weight ** m"),
+               Option("recency", float, 0.9, "the j-th most recent match of a length weighs recency ** j"),
+               Option("base", float, 0.3, "probability that a token copied after a 1-token match is right"),
+               Option("growth", float, 0.8, "each further matched token multiplies the miss probability by this"),
+               Option("min_score", float, 0.05, "skip nodes whose estimated probability is lower"),
+               Option("warm", str, "", "a JSONL file of earlier text to start from: lines with 'text', "
+                      "'prompt' and 'output', or 'tokens' (token ids)"))
+
+    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 16, max_matches: int = 32,
+                 max_depth: int = 16, size_factor: float = 2.0, max_tokens: int = 500_000, per_key: int = 256,
+                 length_weight: float = 4.0, recency: float = 0.9, base: float = 0.3, growth: float = 0.8,
+                 min_score: float = 0.05, warm: str = ""):
+        if min_n < 1 or max_n < min_n or max_matches < 1 or max_depth < 1 or per_key < 1 or max_tokens < 2:
+            raise SpecserveError("suffix needs 1 <= min_n <= max_n, and max_matches, max_depth, per_key >= 1, "
+                                 "max_tokens >= 2")
+        if size_factor <= 0 or length_weight < 1 or not 0 < recency <= 1 or not 0 <= min_score <= 1:
+            raise SpecserveError("suffix needs size_factor > 0, length_weight >= 1, 0 < recency <= 1, "
+                                 "0 <= min_score <= 1")
+        if not 0 < base <= 1 or not 0 < growth <= 1:
+            raise SpecserveError("suffix needs 0 < base <= 1 and 0 < growth <= 1")
+        self.min_n, self.max_n, self.max_matches, self.max_depth = min_n, max_n, max_matches, max_depth
+        self.size_factor, self.length_weight, self.recency = size_factor, length_weight, recency
+        self.base, self.growth, self.min_score = base, growth, min_score
+        self.index = SuffixIndex(max_tokens, per_key)
+        self.live: dict[int, list[int]] = {}
+        if warm:
+            self.warm(warm, target)
+
+    # ------------------------------------------------------------------ the corpus
+    def warm(self, path: str, target: Any) -> int:
+        """Add every text of a JSONL file to the corpus; returns the number of texts."""
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise SpecserveError(f"suffix warm file {path}: {e.strerror}") from None
+        tok = None
+        n = 0
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                raise SpecserveError(f"suffix warm file {path}, line {i}: not JSON") from None
+            if isinstance(doc, dict) and isinstance(doc.get("tokens"), list):
+                self.index.add(doc["tokens"])
+            elif isinstance(doc, dict) and isinstance(doc.get("text") or doc.get("prompt"), str):
+                if tok is None:
+                    if target is None:
+                        raise SpecserveError("suffix warm file with text needs the target's tokenizer")
+                    from specserve.tokenizer import load_tokenizer
+                    tok = load_tokenizer(target)
+                text = doc.get("text") or (doc["prompt"] + str(doc.get("output", "")))
+                self.index.add(tok.encode(text))
+            else:
+                raise SpecserveError(f"suffix warm file {path}, line {i}: needs 'text', 'prompt' or 'tokens'")
+            n += 1
+        return n
+
+    def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int) -> None:
+        self.live[seq_id] = prompt
+
+    def end(self, seq_id: int) -> None:
+        tokens = self.live.pop(seq_id, None)
+        if tokens is not None:
+            self.index.add(tokens)
+
+    def describe(self) -> dict:
+        return {"corpus_tokens": self.index.tokens, "corpus_texts": len(self.index.docs)}
+
+    # ------------------------------------------------------------------ proposals
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        out = []
+        for r in requests:
+            self.live[r.seq_id] = r.tokens            # the engine's own list: the whole text at the end
+            out.append(self.propose_one(np.asarray(r.tokens, dtype=np.int64), r.k, min(self.max_depth, r.max_depth)))
+        return out
+
+    def propose_one(self, tokens: np.ndarray, k: int, depth: int) -> DraftProposal:
+        if k <= 0 or depth <= 0 or len(tokens) == 0:
+            return DraftProposal([])
+        own = tokens[-4096:]
+        ends, lengths = find_matches(own, self.min_n, self.max_n)
+        found = [(own[e:e + depth], int(m), -1) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
+        found = sorted(found, key=lambda x: -x[1])[:self.max_matches]     # own text: longest, then latest
+        found += self.index.matches(tokens, self.min_n, self.max_n, depth)
+        if not found:
+            return DraftProposal([])
+        found.sort(key=lambda x: -x[1])                                   # stable: recency kept within a length
+        found = found[:self.max_matches]
+        rank: dict[int, int] = collections.Counter()
+        trie = Trie()
+        for cont, m, _ in found:
+            if len(cont):
+                trie.add(cont.tolist(), self.length_weight ** m * self.recency ** rank[m], m)
+            rank[m] += 1
+        longest = max(m for _, m, _ in found)
+        budget = min(k, max(1, math.ceil(self.size_factor * longest)))
+        return best_first(trie, trie.scores(self.base, self.growth), budget, self.min_score)

@@ -1,0 +1,125 @@
+"""Training-free drafters: suffix decoding across requests (corpus, index, eviction, warm start,
+thread safety) and its greedy identity through the engine."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import tiny_model
+from specserve.drafters import DraftRequest, create
+from specserve.drafters.suffix import SuffixIndex
+from specserve.engine import Engine, Request
+from specserve.errors import SpecserveError
+from specserve.sampling import SamplingParams
+
+
+def test_an_earlier_request_is_proposed_from():
+    d = create("suffix", None)
+    greedy = SamplingParams()
+    earlier = [1, 2, 3, 4, 50, 51, 52, 53, 54, 55]
+    d.begin(0, earlier[:4], greedy, 6)
+    d.propose([DraftRequest(0, earlier, 0, greedy, 0)])       # the engine hands over its live token list
+    d.end(0)                                                  # the finished text joins the corpus
+    assert d.describe() == {"corpus_tokens": 10, "corpus_texts": 1}
+    # a new request whose own text never continued "3 4 50" proposes what the earlier one said next
+    prop = d.propose_one(np.array([9, 9, 3, 4, 50]), 8, 8)
+    assert prop.tokens[:5] == [51, 52, 53, 54, 55] and prop.is_chain
+    assert prop.confidence == sorted(prop.confidence, reverse=True)
+    # a plain ngram drafter sees only the current request
+    assert create("ngram", None).propose([DraftRequest(1, [9, 9, 3, 4, 50], 8, greedy, 8)])[0].tokens == []
+
+
+def test_frequency_makes_the_tree_and_match_length_its_size():
+    d = create("suffix", None, size_factor=2.0, min_score=0.0)
+    for _ in range(3):
+        d.index.add([7, 8, 9, 10, 11, 12])
+    d.index.add([7, 8, 9, 20, 21, 22])
+    prop = d.propose_one(np.array([1, 8, 9]), 16, 4)          # a 2-token match: at most 4 nodes
+    assert len(prop) == 4
+    first = [t for t, p in zip(prop.tokens, prop.parent_list()) if p == -1]
+    assert first == [10, 20]                                  # the frequent continuation first, the other a sibling
+    long = d.propose_one(np.array([7, 8, 9]), 16, 4)          # a 3-token match: up to 6 nodes
+    assert len(long) == 6
+    assert len(d.propose_one(np.array([99]), 16, 4)) == 0
+
+
+def test_the_corpus_is_bounded_oldest_first():
+    idx = SuffixIndex(max_tokens=20, per_key=4)
+    for i in range(5):
+        idx.add([100 + i] * 2 + [1, 2, 3, 200 + i])           # 6 tokens each
+    assert idx.tokens <= 20 and len(idx.docs) == 3
+    conts = {int(c[0]) for c, m, _ in idx.matches(np.array([1, 2, 3]), 1, 8, 1)}
+    assert conts == {202, 203, 204}                           # the two oldest texts are gone
+    # per_key keeps only the most recent positions of a frequent key
+    big = SuffixIndex(max_tokens=10_000, per_key=4)
+    for i in range(30):
+        big.add([5, 6, 7, 300 + i])
+    assert len(big.long[(5, 6, 7)]) <= 8
+    assert {int(c[0]) for c, m, _ in big.matches(np.array([5, 6, 7]), 3, 8, 1)} >= {326, 327, 328, 329}
+
+
+def test_warm_file_and_its_errors(tmp_path):
+    good = tmp_path / "warm.jsonl"
+    good.write_text(json.dumps({"tokens": [4, 5, 6, 7, 8]}) + "\n\n" + json.dumps({"tokens": [4, 5, 6, 9]}) + "\n")
+    d = create("suffix", None, warm=str(good))
+    assert d.describe()["corpus_texts"] == 2
+    assert set(d.propose_one(np.array([4, 5, 6]), 4, 1).tokens) == {7, 9}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tokens": [1, 2]}\nnot json\n')
+    with pytest.raises(SpecserveError, match="line 2: not JSON"):
+        create("suffix", None, warm=str(bad))
+    bad.write_text('{"other": 1}\n')
+    with pytest.raises(SpecserveError, match="needs 'text', 'prompt' or 'tokens'"):
+        create("suffix", None, warm=str(bad))
+    with pytest.raises(SpecserveError, match="warm file"):
+        create("suffix", None, warm=str(tmp_path / "missing.jsonl"))
+    bad.write_text('{"text": "hello there"}\n')
+    with pytest.raises(SpecserveError, match="tokenizer"):
+        create("suffix", None, warm=str(bad))
+
+
+def test_concurrent_adds_and_lookups_stay_consistent():
+    idx = SuffixIndex(max_tokens=5_000, per_key=16)
+    errors = []
+
+    def writer(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            idx.add(rng.integers(0, 20, size=12))
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(400):
+                for cont, m, doc in idx.matches(rng.integers(0, 20, size=6), 1, 6, 4):
+                    assert 1 <= m <= 6 and len(cont) <= 4
+        except Exception as e:    # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)] + \
+              [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and idx.tokens == sum(len(a) for a in idx.docs.values()) <= 5_000
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm"])
+def test_suffix_greedy_identity_across_requests(kernels):
+    """The same drafter object serves request after request (its corpus growing), alone and
+    batched: always plain decoding's tokens, and later requests draft from earlier ones."""
+    target = tiny_model(seed=21, vocab=64, layers=2, kernels=kernels)
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7], [8, 8, 1, 2, 3]]
+    plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
+    ref = [plain.generate([Request(p, 30)])[0].tokens for p in prompts]
+    d = create("suffix", target)
+    alone = Engine(target, {"suffix": d}, max_batch=1, max_len=128)
+    outs = [alone.generate([Request(p, 30, drafter="suffix", num_draft=8)])[0] for p in prompts]
+    assert [o.tokens for o in outs] == ref
+    assert outs[1].stats.accepted_tokens > 0                  # the second request copies the first's output
+    batched = Engine(target, {"suffix": d}, max_batch=3, max_len=128)
+    assert [o.tokens for o in batched.generate([Request(p, 30, drafter="suffix", num_draft="auto")
+                                                for p in prompts])] == ref
