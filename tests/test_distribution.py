@@ -129,6 +129,14 @@ def test_engine_sampling_with_learned_heads_matches_target(models, dname, pname)
     assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
 
 
+def test_engine_sampling_with_layer_skipping_matches_target(models):
+    """3,000 generations of 3 tokens (k=2): the target drafting with its second layer skipped."""
+    target = models[0]
+    drafter = create("layerskip", target, skip="1")
+    counts = run_engine(target, drafter, "layerskip", PARAMS["t0.7"], 3000, k=2)
+    assert chi_square_pvalue(counts, exact_distribution(target, PARAMS["t0.7"])) > 1e-3
+
+
 def test_engine_plain_sampling_matches_target(models):
     target = models[0]
     counts = run_engine(target, NoDrafter(), "none", PARAMS["t1.0"], 3000, k=0)

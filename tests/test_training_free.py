@@ -34,15 +34,16 @@ def test_an_earlier_request_is_proposed_from():
 def test_frequency_makes_the_tree_and_match_length_its_size():
     d = create("suffix", None, size_factor=2.0, min_score=0.0)
     for _ in range(3):
-        d.index.add([7, 8, 9, 10, 11, 12])
-    d.index.add([7, 8, 9, 20, 21, 22])
-    prop = d.propose_one(np.array([1, 8, 9]), 16, 4)          # a 2-token match: at most 4 nodes
-    assert len(prop) == 4
+        d.index.add([6, 7, 8, 9, 10, 11, 12, 13])
+    d.index.add([6, 7, 8, 9, 20, 21, 22, 23])
+    prop = d.propose_one(np.array([1, 7, 8, 9]), 16, 4)       # a 3-token match: at most 6 nodes
+    assert len(prop) == 6
     first = [t for t, p in zip(prop.tokens, prop.parent_list()) if p == -1]
     assert first == [10, 20]                                  # the frequent continuation first, the other a sibling
-    long = d.propose_one(np.array([7, 8, 9]), 16, 4)          # a 3-token match: up to 6 nodes
-    assert len(long) == 6
-    assert len(d.propose_one(np.array([99]), 16, 4)) == 0
+    long = d.propose_one(np.array([6, 7, 8, 9]), 16, 4)       # a 4-token match: up to 8 nodes
+    assert len(long) == 8
+    # corpus matches shorter than 3 tokens are not used (they hit unrelated text everywhere)
+    assert len(d.propose_one(np.array([99, 8, 9]), 16, 4)) == 0
 
 
 def test_the_corpus_is_bounded_oldest_first():
@@ -51,6 +52,7 @@ def test_the_corpus_is_bounded_oldest_first():
         idx.add([100 + i] * 2 + [1, 2, 3, 200 + i])           # 6 tokens each
     assert idx.tokens <= 20 and len(idx.docs) == 3
     conts = {int(c[0]) for c, m, _ in idx.matches(np.array([1, 2, 3]), 1, 8, 1)}
+    assert idx.matches(np.array([2, 3]), 1, 8, 1) == []       # too short for the corpus
     assert conts == {202, 203, 204}                           # the two oldest texts are gone
     # per_key keeps only the most recent positions of a frequent key
     big = SuffixIndex(max_tokens=10_000, per_key=4)
@@ -123,3 +125,47 @@ def test_suffix_greedy_identity_across_requests(kernels):
     batched = Engine(target, {"suffix": d}, max_batch=3, max_len=128)
     assert [o.tokens for o in batched.generate([Request(p, 30, drafter="suffix", num_draft="auto")
                                                 for p in prompts])] == ref
+
+
+# ------------------------------------------------------------------ layerskip
+@pytest.mark.parametrize("kernels", ["native", "fbgemm"])
+def test_a_layer_subset_shares_the_weights_and_all_layers_are_the_model(kernels):
+    import torch
+    target = tiny_model(seed=8, vocab=64, layers=4, kernels=kernels)
+    m = target.model
+    full = m.layer_subset([0, 1, 2, 3])
+    part = m.layer_subset([0, 3])
+    assert part.config.num_layers == 2 and m.config.num_layers == 4
+    x = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    ref = m(x, m.new_cache(1, 64), [0], [0]).logits
+    assert torch.equal(full(x, full.new_cache(1, 64), [0], [0]).logits, ref)
+    assert not torch.equal(part(x, part.new_cache(1, 64), [0], [0]).logits, ref)
+    if kernels == "native":
+        assert part.layers[1].qkv.data.data_ptr() == m.layers[3].qkv.data.data_ptr()
+    else:
+        assert part.layers[1] is m.layers[3]
+
+
+def test_layerskip_calibrates_reports_and_stays_exact():
+    target = tiny_model(seed=21, vocab=64, layers=6)
+    d = create("layerskip", target, calib_tokens=16)
+    info = d.describe()
+    assert info["skipped_layers"] and 0 not in info["skipped_layers"] and 5 not in info["skipped_layers"]
+    assert info["kept_layers"] == 6 - len(info["skipped_layers"])
+    assert 0 <= info["agreement"] <= 1 and info["draft_cost"] == info["kept_layers"] / 6 and info["estimate"] > 0
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 1, 2, 3], [7, 7, 7, 7, 7]]
+    plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
+    ref = [plain.generate([Request(p, 24)])[0].tokens for p in prompts]
+    eng = Engine(target, {"layerskip": d}, max_batch=2, max_len=128)
+    for k in (1, 3, "auto"):
+        assert [o.tokens for o in eng.generate([Request(p, 24, drafter="layerskip", num_draft=k)
+                                                for p in prompts])] == ref
+
+
+def test_layerskip_option_errors():
+    small = tiny_model(seed=21, vocab=64, layers=2)
+    for opts, msg in (({"skip": "2"}, "indices in"), ({"skip": "0,1"}, "leaving at least one"),
+                      ({"skip": "x"}, "'auto' or layer indices"), ({"calib_tokens": 4, "skip": "1"}, "calib_tokens"),
+                      ({}, "at least 4 layers")):
+        with pytest.raises(SpecserveError, match=msg):
+            create("layerskip", small, **opts)

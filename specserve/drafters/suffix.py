@@ -9,9 +9,12 @@ Terms.  The **corpus** is every finished request's text (prompt + generated toke
 ``warm`` loaded, oldest first, at most ``max_tokens`` tokens: when a new text would pass that, the
 oldest texts are dropped (first in, first out).  A **match** is an earlier position whose preceding
 tokens equal the current sequence's last m tokens (``min_n <= m <= max_n``), in the corpus or in the
-current sequence itself.  The index keys each corpus position by the token before it and by the
-three before it, keeping the ``per_key`` most recent positions per key, and a match's length is
-then counted back from there, so a lookup costs O(candidates x max_n), not O(corpus).
+current sequence itself.  A corpus match must span at least ``ANCHOR`` (3) tokens: shorter ones
+hit unrelated texts everywhere and would drown the current text's own matches (measured on
+Spec-Bench: with 1-token corpus matches the drafter was shut off by the controller 97% of the
+time).  The index keys each corpus position by the three tokens before it, keeping the
+``per_key`` most recent positions per key, and a match's length is then counted back from
+there, so a lookup costs O(candidates x max_n), not O(corpus).
 
 The proposal is the ``ngram-tree`` trie over the matches' continuations: the ``max_matches`` longest
 (then most recent) matches each add what followed them; a node's estimate is its parent's, times
@@ -40,8 +43,7 @@ from specserve.drafters.ngram_tree import Trie, best_first, find_matches
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
-ANCHOR = 3                  # the long key: the three tokens before a position
-SHORT_PER_KEY = 32          # positions kept per 1-token key (common tokens recur everywhere)
+ANCHOR = 3                  # the key: the three tokens before a position; the shortest corpus match
 
 
 class SuffixIndex:
@@ -54,7 +56,6 @@ class SuffixIndex:
         self.tokens = 0
         self.next_id = 0
         self.long: dict[tuple, list[tuple[int, int]]] = {}      # 3 tokens before -> [(doc, position)]
-        self.short: dict[int, list[tuple[int, int]]] = {}       # 1 token before -> [(doc, position)]
         self.lock = threading.Lock()
 
     def add(self, tokens: list[int] | np.ndarray) -> None:
@@ -70,10 +71,8 @@ class SuffixIndex:
             self.order.append(doc)
             self.tokens += len(arr)
             seq = arr.tolist()
-            for p in range(1, len(seq)):
-                self._push(self.short, seq[p - 1], (doc, p), SHORT_PER_KEY)
-                if p >= ANCHOR:
-                    self._push(self.long, tuple(seq[p - ANCHOR:p]), (doc, p), self.per_key)
+            for p in range(ANCHOR, len(seq)):
+                self._push(self.long, tuple(seq[p - ANCHOR:p]), (doc, p), self.per_key)
 
     def _push(self, table: dict, key, entry: tuple[int, int], cap: int) -> None:
         lst = table.setdefault(key, [])
@@ -83,23 +82,20 @@ class SuffixIndex:
 
     def matches(self, suffix: np.ndarray, min_n: int, max_n: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
         """(continuation of at most ``depth`` tokens, match length, doc) for every live candidate
-        whose match is at least ``min_n`` long; ``suffix``: the sequence's last tokens."""
-        q = suffix[-max_n:].tolist()
-        out = []
+        whose match is at least ``min_n`` (and ANCHOR) long; ``suffix``: the sequence's last tokens."""
+        q = suffix[-max(max_n, ANCHOR):].tolist()
+        out: list[tuple[np.ndarray, int, int]] = []
+        if len(q) < ANCHOR:
+            return out
         with self.lock:
-            cands = list(self.short.get(q[-1], [])[-SHORT_PER_KEY:])
-            if len(q) >= ANCHOR:
-                cands += self.long.get(tuple(q[-ANCHOR:]), [])[-self.per_key:]
-            seen = set()
-            for doc, p in reversed(cands):                        # newest first
+            for doc, p in reversed(self.long.get(tuple(q[-ANCHOR:]), [])[-self.per_key:]):   # newest first
                 arr = self.docs.get(doc)
-                if arr is None or (doc, p) in seen or p >= len(arr):
+                if arr is None or p >= len(arr):
                     continue
-                seen.add((doc, p))
                 m = 0
-                while m < len(q) and p - 1 - m >= 0 and arr[p - 1 - m] == q[-1 - m]:
+                while m < min(len(q), max_n) and p - 1 - m >= 0 and arr[p - 1 - m] == q[-1 - m]:
                     m += 1
-                if m >= min_n:
+                if m >= max(min_n, ANCHOR):
                     out.append((arr[p:p + depth], m, doc))
         return out
 

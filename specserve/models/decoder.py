@@ -116,6 +116,10 @@ class Decoder(Protocol):
         """Rows ``ids`` [n] of the token embedding (``which="embed"``) or of the LM head
         (``"lm_head"``), as the runtime computes with them: float32 [n, hidden] on the model's device."""
 
+    def layer_subset(self, keep: list[int]) -> "Decoder":
+        """A decoder that runs only layers ``keep`` (in order), sharing every weight with this one
+        (self-speculation); it needs a cache of its own (``new_cache``)."""
+
     def thread_choices(self) -> tuple[int, ...]:
         """Compute thread counts this runtime can switch between without changing its numerics
         (empty: it cannot)."""

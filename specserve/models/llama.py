@@ -7,6 +7,8 @@ business.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import time
@@ -210,6 +212,14 @@ class Transformer(nn.Module):
                 add(module, part)
         add(self.lm_head, "lm_head")
         add(self.norm, "norms+activation")
+
+    def layer_subset(self, keep: list[int]) -> "Transformer":
+        """A decoder that runs only layers ``keep`` (in order) of this one, sharing every weight."""
+        view = copy.copy(self)
+        view._modules = dict(self._modules)
+        view._modules["layers"] = nn.ModuleList([self.layers[i] for i in keep])
+        view.config = dataclasses.replace(self.config, num_layers=len(keep))
+        return view
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,

@@ -11,6 +11,9 @@ in chunks of any size, or beside other sequences' decoding leaves the same bits 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -78,8 +81,11 @@ class NativeTransformer(nn.Module):
         cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.set_timer(None)
-        # every layer's weights as one table of pointers for ss_forward (the tensors stay referenced
-        # by self.layers, so the pointers stay valid)
+        self._weights = self._table()
+
+    def _table(self) -> Tensor:
+        """Every layer's weights as one table of pointers for ss_forward (the tensors stay referenced
+        by self.layers, so the pointers stay valid)."""
         opt = lambda t: t.data_ptr() if t is not None else 0                    # noqa: E731
         table = [[layer.attn_norm.data_ptr(), layer.qkv.data.data_ptr(), layer.qkv.fmt, opt(layer.qkv_bias),
                   opt(layer.q_norm), opt(layer.k_norm), layer.o.data.data_ptr(), layer.o.fmt,
@@ -87,7 +93,16 @@ class NativeTransformer(nn.Module):
                   layer.down.data.data_ptr(), layer.down.fmt] for layer in self.layers]
         if len(table[0]) != self.lib.ss_layer_fields():
             raise RuntimeError("native kernel library and model.py disagree on the layer table")
-        self._weights = torch.tensor(table, dtype=torch.int64)
+        return torch.tensor(table, dtype=torch.int64)
+
+    def layer_subset(self, keep: list[int]) -> "NativeTransformer":
+        """A decoder that runs only layers ``keep`` (in order) of this one, sharing every weight."""
+        view = copy.copy(self)
+        view.config = dataclasses.replace(self.config, num_layers=len(keep))
+        view.layers = [self.layers[i] for i in keep]
+        view._weights = view._table()
+        view.set_timer(None)
+        return view
 
     def thread_choices(self) -> tuple[int, ...]:
         """All cores, or one: threads only decide which outputs are computed together, never the bits."""
