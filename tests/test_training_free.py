@@ -153,13 +153,16 @@ def test_layerskip_calibrates_reports_and_stays_exact():
     assert info["skipped_layers"] and 0 not in info["skipped_layers"] and 5 not in info["skipped_layers"]
     assert info["kept_layers"] == 6 - len(info["skipped_layers"])
     assert 0 <= info["agreement"] <= 1 and info["draft_cost"] == info["kept_layers"] / 6 and info["estimate"] > 0
+    assert info["drafts_under_auto"] == (info["estimate"] >= 1.0)
     prompts = [[1, 2, 3, 4, 5, 6], [9, 1, 2, 3], [7, 7, 7, 7, 7]]
     plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
     ref = [plain.generate([Request(p, 24)])[0].tokens for p in prompts]
     eng = Engine(target, {"layerskip": d}, max_batch=2, max_len=128)
     for k in (1, 3, "auto"):
-        assert [o.tokens for o in eng.generate([Request(p, 24, drafter="layerskip", num_draft=k)
-                                                for p in prompts])] == ref
+        outs = eng.generate([Request(p, 24, drafter="layerskip", num_draft=k) for p in prompts])
+        assert [o.tokens for o in outs] == ref
+        drafted = sum(o.stats.drafted_tokens for o in outs)
+        assert drafted > 0 if k != "auto" or info["drafts_under_auto"] else drafted == 0
 
 
 def test_layerskip_option_errors():

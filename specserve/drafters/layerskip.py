@@ -17,7 +17,10 @@ Which layers to skip (``skip=auto``, the default) is chosen at start-up by a sho
    (1 - a^(k+1)) / (1 - a), over the cost of k draft passes (each ``kept / L`` of a target pass)
    plus a (k+1)-token verification pass (measured), estimates the speed-up;
 4. the (m, k) with the best estimate wins; ``describe()`` reports the skipped layers, the
-   agreement, the draft's cost and the estimate.
+   agreement, the draft's cost and the estimate.  When even the best estimate is below 1 the
+   drafter declares ``max_auto_draft = 0``: under ``auto`` it drafts nothing (its draft cache,
+   whose prefill alone costs about as much as the target's, is never built), so it is never slower
+   than plain decoding; an explicit draft length still drafts.
 An explicit ``skip`` (comma-separated layer indices) skips exactly those.  Under sampling the draft
 samples from its own processed distribution (exact, like any draft model).
 """
@@ -117,6 +120,10 @@ class LayerSkipDrafter(DraftModelDrafter):
                 raise SpecserveError(f"layerskip needs a target of at least 4 layers to choose from, got {n}")
             self.choice = choose_skip(target, self._calibration_prompt(target), calib_tokens, self.max_auto_draft)
             skipped = self.choice["skip"]
+            if self.choice["estimate"] < 1.0:
+                # not worth it on this model and machine: under auto draft nothing (no draft cache is
+                # built either, so the cost is nil); an explicit draft length still drafts
+                self.max_auto_draft = 0
         else:
             try:
                 skipped = sorted({int(x) for x in skip.split(",") if x.strip()})
@@ -140,7 +147,8 @@ class LayerSkipDrafter(DraftModelDrafter):
             return torch.randint(0, target.config.vocab_size, (32,), generator=g).tolist()
 
     def describe(self) -> dict:
-        out = {"skipped_layers": self.choice["skip"], "kept_layers": self.draft.config.num_layers}
+        out = {"skipped_layers": self.choice["skip"], "kept_layers": self.draft.config.num_layers,
+               "drafts_under_auto": self.max_auto_draft > 0}
         for key in ("agreement", "draft_cost", "estimate", "k", "tried"):
             if key in self.choice:
                 out[key] = self.choice[key]
