@@ -16,12 +16,15 @@ time).  The index keys each corpus position by the three tokens before it, keepi
 ``per_key`` most recent positions per key, and a match's length is then counted back from
 there, so a lookup costs O(candidates x max_n), not O(corpus).
 
-The proposal is the ``ngram-tree`` trie over the matches' continuations: the ``max_matches`` longest
-(then most recent) matches each add what followed them; a node's estimate is its parent's, times
-its share of the continuations leaving the parent (frequency), times the reliability of a copy
-after a match of its length (``ngram.reliability``).  The tree holds at most ``size_factor`` x the
-longest match length nodes (a long, frequent match earns a big tree; a 1-token match a small one),
-at most k, none below ``min_score``.  Deterministic proposals (one-hot q): exact under sampling.
+Two tries are built, as ``ngram-tree`` builds one: from the current text's own matches, and from
+the corpus's.  In each, the ``max_matches`` longest (then most recent) matches add what followed
+them; a node's estimate is its parent's, times its share of the continuations leaving the parent
+(frequency), times the reliability of a copy after a match of its length (``ngram.reliability``).
+The corpus trie holds at most ``size_factor`` x its longest match length nodes (a long, frequent
+match earns a big tree).  The proposal is the trie whose kept nodes expect more accepted tokens
+(the sum of their estimates), as ArcticInference picks between its per-request and global trees:
+on text unlike the corpus the proposal is prompt lookup's.  At most k nodes, none below
+``min_score``.  Deterministic proposals (one-hot q): exact under sampling.
 
 Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
 thread, ``warm`` and the server's start-up from another.
@@ -192,23 +195,31 @@ class SuffixDrafter(Drafter):
         return out
 
     def propose_one(self, tokens: np.ndarray, k: int, depth: int) -> DraftProposal:
+        """The better of two tries: the current text's own matches (``ngram-tree``'s proposal) and
+        the corpus's, whichever expects more accepted tokens (the sum of its nodes' estimates)."""
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
         own = tokens[-4096:]
         ends, lengths = find_matches(own, self.min_n, self.max_n)
-        found = [(own[e:e + depth], int(m), -1) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
-        found = sorted(found, key=lambda x: -x[1])[:self.max_matches]     # own text: longest, then latest
-        found += self.index.matches(tokens, self.min_n, self.max_n, depth)
+        mine = [(own[e:e + depth], int(m)) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
+        corpus = [(c, m) for c, m, _ in self.index.matches(tokens, self.min_n, self.max_n, depth)]
+        best = DraftProposal([])
+        for found, capped in ((mine, False), (corpus, True)):
+            prop = self._trie_proposal(found, k, capped)
+            if sum(prop.confidence or []) > sum(best.confidence or []):
+                best = prop
+        return best
+
+    def _trie_proposal(self, found: list[tuple[np.ndarray, int]], k: int, capped: bool) -> DraftProposal:
+        """Matches (continuation, length), most recent first, merged into a trie (longest first)."""
+        found = sorted(found, key=lambda x: -x[1])[:self.max_matches]    # stable: recency kept within a length
         if not found:
             return DraftProposal([])
-        found.sort(key=lambda x: -x[1])                                   # stable: recency kept within a length
-        found = found[:self.max_matches]
         rank: dict[int, int] = collections.Counter()
         trie = Trie()
-        for cont, m, _ in found:
+        for cont, m in found:
             if len(cont):
                 trie.add(cont.tolist(), self.length_weight ** m * self.recency ** rank[m], m)
             rank[m] += 1
-        longest = max(m for _, m, _ in found)
-        budget = min(k, max(1, math.ceil(self.size_factor * longest)))
+        budget = min(k, max(1, math.ceil(self.size_factor * found[0][1]))) if capped else k
         return best_first(trie, trie.scores(self.base, self.growth), budget, self.min_score)
