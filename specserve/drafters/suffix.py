@@ -21,10 +21,12 @@ the corpus's.  In each, the ``max_matches`` longest (then most recent) matches a
 them; a node's estimate is its parent's, times its share of the continuations leaving the parent
 (frequency), times the reliability of a copy after a match of its length (``ngram.reliability``).
 The corpus trie holds at most ``size_factor`` x its longest match length nodes (a long, frequent
-match earns a big tree).  The proposal is the trie whose kept nodes expect more accepted tokens
-(the sum of their estimates), as ArcticInference picks between its per-request and global trees:
-on text unlike the corpus the proposal is prompt lookup's.  At most k nodes, none below
-``min_score``.  Deterministic proposals (one-hot q): exact under sampling.
+match earns a big tree).  The proposal comes from the trie with the longer longest match (more
+context agrees; the current text's on a tie), as ArcticInference picks between its per-request and
+global trees: on text unlike the corpus the proposal is prompt lookup's.  (Choosing by the sum of
+the kept nodes' estimates instead let boilerplate matches in earlier RAG prompts win, and drafted
+almost nothing on Spec-Bench's RAG group.)  At most k nodes, none below ``min_score``.
+Deterministic proposals (one-hot q): exact under sampling.
 
 Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
 thread, ``warm`` and the server's start-up from another.
@@ -195,20 +197,19 @@ class SuffixDrafter(Drafter):
         return out
 
     def propose_one(self, tokens: np.ndarray, k: int, depth: int) -> DraftProposal:
-        """The better of two tries: the current text's own matches (``ngram-tree``'s proposal) and
-        the corpus's, whichever expects more accepted tokens (the sum of its nodes' estimates)."""
+        """One of two tries: the current text's own matches (``ngram-tree``'s proposal), or the
+        corpus's when its longest match is longer."""
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
         own = tokens[-4096:]
         ends, lengths = find_matches(own, self.min_n, self.max_n)
         mine = [(own[e:e + depth], int(m)) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
         corpus = [(c, m) for c, m, _ in self.index.matches(tokens, self.min_n, self.max_n, depth)]
-        best = DraftProposal([])
-        for found, capped in ((mine, False), (corpus, True)):
-            prop = self._trie_proposal(found, k, capped)
-            if sum(prop.confidence or []) > sum(best.confidence or []):
-                best = prop
-        return best
+        # the longer match wins (more context agrees); on a tie, the current text's own
+        longest = lambda found: max((m for _, m in found), default=0)          # noqa: E731
+        if corpus and longest(corpus) > longest(mine):
+            return self._trie_proposal(corpus, k, True)
+        return self._trie_proposal(mine, k, False)
 
     def _trie_proposal(self, found: list[tuple[np.ndarray, int]], k: int, capped: bool) -> DraftProposal:
         """Matches (continuation, length), most recent first, merged into a trie (longest first)."""
