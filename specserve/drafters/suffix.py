@@ -23,9 +23,8 @@ them; a node's estimate is its parent's, times its share of the continuations le
 The corpus trie holds at most ``size_factor`` x its longest match length nodes (a long, frequent
 match earns a big tree).  The proposal comes from the trie with the longer longest match (more
 context agrees; the current text's on a tie), as ArcticInference picks between its per-request and
-global trees: on text unlike the corpus the proposal is prompt lookup's.  (Choosing by the sum of
-the kept nodes' estimates instead let boilerplate matches in earlier RAG prompts win, and drafted
-almost nothing on Spec-Bench's RAG group.)  At most k nodes, none below ``min_score``.
+global trees: on text unlike the corpus the proposal is prompt lookup's.  At most k nodes, none
+below ``min_score``.
 Deterministic proposals (one-hot q): exact under sampling.
 
 Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
