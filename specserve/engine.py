@@ -307,10 +307,11 @@ class Engine:
         if not prompts:
             return []
         prompts = sorted(prompts, key=lambda s: len(s.request.prompt) - s.prefilled > self.prompt_tokens_max)
+        cost = None                                # chunking off: every prompt whole, whatever runs beside it
         if lengths and self.prefill.policy.chunk is not None:
-            self.sizer.calibrate()                 # a few seconds, once (the server does it at start)
+            cost = self.sizer.calibrate()          # a few seconds, once (the server does it at start)
         left = [(s.prefilled, len(s.request.prompt) - s.prefilled) for s in prompts]
-        shares = prefill_shares(self.sizer.cost, lengths, contexts, left, self.prompt_tokens_max, BLOCK,
+        shares = prefill_shares(cost, lengths, contexts, left, self.prompt_tokens_max, BLOCK,
                                 self.prefill.policy.stall)
         return [(s, n) for s, n in zip(prompts, shares) if n > 0]
 

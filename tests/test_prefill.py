@@ -244,3 +244,16 @@ def test_a_short_prompt_does_not_wait_behind_a_long_one(target):
         if eng.progress(long_id) == []:
             assert eng._find(long_id).prefilled > before
     eng.abort(running)
+
+
+def test_chunking_off_prefills_a_prompt_whole_beside_running_streams(target):
+    """With chunking off, a prompt is one step's chunk even when the cost model exists (as in a
+    server that calibrated at start) and others are decoding."""
+    eng = engine(target, chunk=None, max_batch=2)
+    eng.sizer.cost = linear_cost()
+    running = eng.admit(Request(SHORT[0], 50))
+    eng.step()
+    sid = eng.admit(Request(LONG, 4))
+    eng.step()
+    assert eng.progress(sid) != [] and eng.last_step.prefill_tokens == len(LONG)
+    eng.abort(running)
