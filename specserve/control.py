@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -95,7 +95,7 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     ``long_context`` for the attention term.  A few seconds on the default model; cached per model."""
     cached = _CALIBRATED.get(model)
     if cached is not None and cached.tokens[-1] >= min(max_tokens, CALIBRATION_TOKENS[-1]):
-        return CostModel(cached.tokens, cached.seconds, cached.per_key, cached.context, per_key_run=cached.per_key_run)
+        return replace(cached)          # a copy: its online correction is the caller's
     sizes = [m for m in CALIBRATION_TOKENS if m <= max(max_tokens, 2)]
     rows = -(-sizes[-1] // 8)
     long_context = max(min(long_context, model.config.max_position_embeddings - 16), context + 1)
@@ -131,7 +131,7 @@ def calibrate(model, max_tokens: int = 128, context: int = 64, long_context: int
     seconds = list(np.maximum.accumulate(seconds))                 # a bigger pass never costs less
     cost = CostModel(sizes, seconds, per_key, context, per_key_run=per_key_run)
     _CALIBRATED[model] = cost
-    return CostModel(sizes, seconds, per_key, context, per_key_run=per_key_run)
+    return replace(cost)
 
 
 # ------------------------------------------------------------------------------------ prefill

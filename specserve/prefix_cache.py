@@ -157,11 +157,6 @@ class PrefixCache:
         self._lru.move_to_end(b.id)
         return b
 
-    def clear(self) -> None:
-        self._blocks.clear()
-        self._lru.clear()
-        self._free = list(range(self.capacity - 1, -1, -1))
-
     # ------------------------------------------------------------------ eviction
     def _take_slot(self, keep: Block | None) -> int | None:
         if self._free:

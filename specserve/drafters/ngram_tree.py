@@ -145,6 +145,24 @@ def best_first(trie: Trie, score: list[float], k: int, min_score: float) -> Draf
     return DraftProposal(out_tokens, None, out_parents, conf)
 
 
+def trie_options(recency: float) -> tuple[Option, ...]:
+    """The options of a drafter that scores a trie of matches' continuations (``Trie.scores``)."""
+    return (Option("length_weight", float, 4.0, "a match of length m weighs length_weight ** m"),
+            Option("recency", float, recency, "the j-th most recent match of a length weighs recency ** j"),
+            Option("base", float, 0.3, "probability that a token copied after a 1-token match is right"),
+            Option("growth", float, 0.8, "each further matched token multiplies the miss probability by this"),
+            Option("min_score", float, 0.05, "skip nodes whose estimated probability is lower"))
+
+
+def check_trie_options(name: str, length_weight: float, recency: float, base: float, growth: float,
+                       min_score: float) -> None:
+    """Refuse ``trie_options`` values that make no sense, naming the drafter."""
+    if length_weight < 1 or not 0 < recency <= 1 or not 0 <= min_score <= 1:
+        raise SpecserveError(f"{name} needs length_weight >= 1, 0 < recency <= 1 and 0 <= min_score <= 1")
+    if not 0 < base <= 1 or not 0 < growth <= 1:
+        raise SpecserveError(f"{name} needs 0 < base <= 1 and 0 < growth <= 1")
+
+
 @register("ngram-tree")
 class NgramTreeDrafter(Drafter):
     tree = True
@@ -155,11 +173,7 @@ class NgramTreeDrafter(Drafter):
                Option("max_n", int, 8, "longest suffix to look up (longer matches are trusted more)"),
                Option("max_matches", int, 16, "earlier matches merged into the trie"),
                Option("max_depth", int, 8, "longest path proposed"),
-               Option("length_weight", float, 4.0, "a match of length m weighs length_weight ** m"),
-               Option("recency", float, 0.7, "the j-th most recent match of a length weighs recency ** j"),
-               Option("base", float, 0.3, "probability that a token copied after a 1-token match is right"),
-               Option("growth", float, 0.8, "each further matched token multiplies the miss probability by this"),
-               Option("min_score", float, 0.05, "skip nodes whose estimated probability is lower"))
+               *trie_options(recency=0.7))
 
     def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 8, max_matches: int = 16, max_depth: int = 8,
                  length_weight: float = 4.0, recency: float = 0.7, base: float = 0.3, growth: float = 0.8,
@@ -168,10 +182,7 @@ class NgramTreeDrafter(Drafter):
             raise SpecserveError(f"ngram-tree needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if max_matches < 1 or max_depth < 1:
             raise SpecserveError("ngram-tree needs max_matches >= 1 and max_depth >= 1")
-        if length_weight < 1 or not 0 < recency <= 1 or not 0 <= min_score <= 1:
-            raise SpecserveError("ngram-tree needs length_weight >= 1, 0 < recency <= 1 and 0 <= min_score <= 1")
-        if not 0 < base <= 1 or not 0 < growth <= 1:
-            raise SpecserveError("ngram-tree needs 0 < base <= 1 and 0 < growth <= 1")
+        check_trie_options("ngram-tree", length_weight, recency, base, growth, min_score)
         self.params = dict(min_n=min_n, max_n=max_n, max_matches=max_matches, length_weight=length_weight,
                            recency=recency, base=base, growth=growth, min_score=min_score)
         self.max_depth = max_depth

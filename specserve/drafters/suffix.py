@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
-from specserve.drafters.ngram_tree import Trie, best_first, find_matches
+from specserve.drafters.ngram_tree import Trie, best_first, check_trie_options, find_matches, trie_options
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
@@ -55,8 +55,7 @@ class SuffixIndex:
 
     def __init__(self, max_tokens: int, per_key: int):
         self.max_tokens, self.per_key = max_tokens, per_key
-        self.docs: dict[int, np.ndarray] = {}
-        self.order: collections.deque[int] = collections.deque()
+        self.docs: dict[int, np.ndarray] = {}                    # oldest first (insertion order)
         self.tokens = 0
         self.next_id = 0
         self.long: dict[tuple, list[tuple[int, int]]] = {}      # 3 tokens before -> [(doc, position)]
@@ -67,22 +66,18 @@ class SuffixIndex:
         if len(arr) < 2 or len(arr) > self.max_tokens:
             return
         with self.lock:
-            while self.tokens + len(arr) > self.max_tokens and self.order:
-                self.tokens -= len(self.docs.pop(self.order.popleft()))
+            while self.tokens + len(arr) > self.max_tokens and self.docs:
+                self.tokens -= len(self.docs.pop(next(iter(self.docs))))
             doc = self.next_id
             self.next_id += 1
             self.docs[doc] = arr
-            self.order.append(doc)
             self.tokens += len(arr)
             seq = arr.tolist()
             for p in range(ANCHOR, len(seq)):
-                self._push(self.long, tuple(seq[p - ANCHOR:p]), (doc, p), self.per_key)
-
-    def _push(self, table: dict, key, entry: tuple[int, int], cap: int) -> None:
-        lst = table.setdefault(key, [])
-        lst.append(entry)
-        if len(lst) > 2 * cap:
-            del lst[:len(lst) - cap]
+                positions = self.long.setdefault(tuple(seq[p - ANCHOR:p]), [])
+                positions.append((doc, p))
+                if len(positions) > 2 * self.per_key:              # trimmed in batches: amortised O(1)
+                    del positions[:len(positions) - self.per_key]
 
     def matches(self, suffix: np.ndarray, min_n: int, max_n: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
         """(continuation of at most ``depth`` tokens, match length, doc) for every live candidate
@@ -117,13 +112,9 @@ class SuffixDrafter(Drafter):
                Option("size_factor", float, 2.0, "at most this many nodes per token of the longest match"),
                Option("max_tokens", int, 500_000, "corpus size bound in tokens (oldest texts dropped first)"),
                Option("per_key", int, 256, "most recent corpus positions kept per 3-token key"),
-               Option("length_weight", float, 4.0, "a match of length m weighs length_weight ** m"),
-               Option("recency", float, 0.9, "the j-th most recent match of a length weighs recency ** j"),
-               Option("base", float, 0.3, "probability that a token copied after a 1-token match is right"),
-               Option("growth", float, 0.8, "each further matched token multiplies the miss probability by this"),
-               Option("min_score", float, 0.05, "skip nodes whose estimated probability is lower"),
                Option("warm", str, "", "a JSONL file of earlier text to start from: lines with 'text', "
-                      "'prompt' and 'output', or 'tokens' (token ids)"))
+                      "'prompt' and 'output', or 'tokens' (token ids)"),
+               *trie_options(recency=0.9))
 
     def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 16, max_matches: int = 32,
                  max_depth: int = 16, size_factor: float = 2.0, max_tokens: int = 500_000, per_key: int = 256,
@@ -132,11 +123,9 @@ class SuffixDrafter(Drafter):
         if min_n < 1 or max_n < min_n or max_matches < 1 or max_depth < 1 or per_key < 1 or max_tokens < 2:
             raise SpecserveError("suffix needs 1 <= min_n <= max_n, and max_matches, max_depth, per_key >= 1, "
                                  "max_tokens >= 2")
-        if size_factor <= 0 or length_weight < 1 or not 0 < recency <= 1 or not 0 <= min_score <= 1:
-            raise SpecserveError("suffix needs size_factor > 0, length_weight >= 1, 0 < recency <= 1, "
-                                 "0 <= min_score <= 1")
-        if not 0 < base <= 1 or not 0 < growth <= 1:
-            raise SpecserveError("suffix needs 0 < base <= 1 and 0 < growth <= 1")
+        if size_factor <= 0:
+            raise SpecserveError(f"suffix needs size_factor > 0, got {size_factor}")
+        check_trie_options("suffix", length_weight, recency, base, growth, min_score)
         self.min_n, self.max_n, self.max_matches, self.max_depth = min_n, max_n, max_matches, max_depth
         self.size_factor, self.length_weight, self.recency = size_factor, length_weight, recency
         self.base, self.growth, self.min_score = base, growth, min_score

@@ -244,29 +244,23 @@ class Transformer(nn.Module):
         hidden = torch.empty(len(tokens), self.config.hidden_size, device=tokens.device)
         feats: dict[int, Tensor] = {}
         for group in groups:
-            flat, out = self._padded(tokens, lay, group, cache, rows, start, features)
-            hidden[flat] = out.logits.reshape(-1, out.logits.shape[-1])[self._dense(lay, group, flat)].to(hidden.dtype)
+            flat, dense, out = self._padded(tokens, lay, group, cache, rows, start, features)
+            hidden[flat] = out.logits.reshape(-1, out.logits.shape[-1])[dense].to(hidden.dtype)
             for k, v in out.features.items():
                 f = feats.setdefault(k, torch.empty(len(tokens), v.shape[-1], dtype=v.dtype, device=v.device))
-                f[flat] = v.reshape(-1, v.shape[-1])[self._dense(lay, group, flat)]
+                f[flat] = v.reshape(-1, v.shape[-1])[dense]
         if logits_for is not None:
             hidden = hidden[torch.as_tensor(logits_for, dtype=torch.long, device=hidden.device)]
         return ForwardOutput(self.lm_head(hidden.to(self.dtype)).float(), feats)
 
-    @staticmethod
-    def _dense(lay: Layout, group: list[int], flat: Tensor) -> Tensor:
-        """Where the group's tokens sit in its padded [len(group) * width] pass."""
-        width = max(lay.lengths[b] for b in group)
-        where = {b: i for i, b in enumerate(group)}
-        idx = [where[int(lay.seq_of[n])] * width + int(lay.index[n]) for n in flat.tolist()]
-        return torch.tensor(idx, dtype=torch.long, device=flat.device)
-
     def _padded(self, tokens: Tensor, lay: Layout, group: list[int], cache: KVCache, rows: list[int],
-                start: list[int], features: tuple[int, ...]) -> tuple[Tensor, ForwardOutput]:
+                start: list[int], features: tuple[int, ...]) -> tuple[Tensor, Tensor, ForwardOutput]:
         """The sequences ``group`` as one [len(group), width] pass padded to their longest; returns
-        their flat token indices and the pass output, whose ``logits`` are the normed hidden states."""
+        their flat token indices, where those tokens sit in the padded [len(group) * width] pass, and
+        the pass output, whose ``logits`` are the normed hidden states."""
         width, dev = max(lay.lengths[b] for b in group), tokens.device
         flat = torch.cat([torch.arange(int(lay.offsets[b]), int(lay.offsets[b + 1])) for b in group]).to(dev)
+        dense = torch.cat([i * width + torch.arange(lay.lengths[b]) for i, b in enumerate(group)]).to(dev)
         padded = torch.zeros(len(group), width, dtype=tokens.dtype, device=dev)
         par = None
         if lay.parents is not None:
@@ -278,7 +272,7 @@ class Transformer(nn.Module):
                 par[i, :hi - lo] = torch.from_numpy(lay.parents[lo:hi]).to(dev)
         out = self._forward(padded, cache, [rows[b] for b in group], [start[b] for b in group], par, False, features,
                             head=False)
-        return flat, out
+        return flat, dense, out
 
     def _forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], parents: Tensor | None,
                  last_only: bool, features: tuple[int, ...], head: bool = True) -> ForwardOutput:
