@@ -169,9 +169,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
             raise
         text = stream.feed([], final=True)
         finish = "stop" if result.finish_reason == "stop" else "length"
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.tokens),
-                 "total_tokens": len(prompt_ids) + len(result.tokens),
-                 "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+        usage = usage_of(len(prompt_ids), result)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
@@ -212,9 +210,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
                     finish = "stop" if result.finish_reason == "stop" else "length"
                     yield chunk(None, finish, extra={"speculative_stats": spec_stats(result.stats)})
                     if include_usage:
-                        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
-                                 "total_tokens": n_prompt + len(result.tokens),
-                                 "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+                        usage = usage_of(n_prompt, result)
                         yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model_name, 'choices': [], 'usage': usage})}\n\n"
                     break
             yield "data: [DONE]\n\n"
@@ -242,6 +238,13 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
         return await serve(body, ids, chat=True)
 
     return app
+
+
+def usage_of(n_prompt: int, result) -> dict:
+    """OpenAI's ``usage`` of a finished request (prompt tokens reused from the prefix cache included)."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
+            "total_tokens": n_prompt + len(result.tokens),
+            "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
 
 
 def spec_stats(s) -> dict:
