@@ -1,6 +1,6 @@
 """The invariants again on the real default model (SmolLM2-135M-Instruct, GGUF Q4_1).
 
-Greedy identity: every drafter (chains, n-gram trees and the shipped EAGLE and Medusa heads' trees,
+Greedy identity: every drafter (chains, n-gram and suffix trees, layer-skipping self-drafts, and the shipped EAGLE and Medusa heads' trees,
 with k the node budget), at k = 1, 4 and 8 and auto, alone (batch of one) and batched, must return
 exactly the token ids of plain greedy decoding, 64 tokens on 10 Spec-Bench prompts (one per
 MT-Bench category, one translation, one math_reasoning).  To keep CI under its time budget, k = 4
@@ -59,7 +59,11 @@ def drafters(llm, plain, prompts):
             "random-draft": lambda: create("draft-model", target, model=random_draft),
             "oracle": lambda: oracle,
             "eagle": lambda: create("eagle", target),
-            "medusa": lambda: create("medusa", target)}
+            "medusa": lambda: create("medusa", target),
+            "suffix": lambda: create("suffix", target),           # its corpus grows prompt by prompt
+            # the layers its start-up calibration picks on this model (BENCHMARKS section 10), given
+            # explicitly so that it drafts under auto too (auto-calibrated, it drafts nothing here)
+            "layerskip": lambda: create("layerskip", target, skip="3,5,7,17")}
 
 
 def test_runtime_is_batch_invariant(llm):
@@ -88,7 +92,8 @@ def test_logits_match_transformers_float32(kernels):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8, "auto"])
-@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle", "medusa"])
+@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle", "medusa",
+                                  "suffix", "layerskip"])
 def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     """Every drafter, at fixed draft sizes and with ``auto``, alone and batched: plain decoding's tokens."""
     n = len(prompts) if k == 4 else K_PROMPTS
