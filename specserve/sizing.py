@@ -104,6 +104,8 @@ class Sizer:
         for s in slots:
             prop = proposals[s.seq_id]
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.confidence)
+            if prop.future_gain is not None:                  # worth in later steps (never calibrated)
+                gains = [g + f for g, f in zip(gains, prop.future_gain)]
             cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(), fixed=s.num_draft != AUTO,
                                    probe=s.seq_id in probed, draft_s=self.draft_s.get(s.drafter, 0.0)))
         keep, predicted = choose(cands, self.calibrate())

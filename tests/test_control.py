@@ -171,3 +171,22 @@ def test_thread_governor_follows_the_machine():
     machine[2] = 1.0                                                          # ... and goes away
     used = run(60)
     assert gov.current == 2 and used[-10:] == [2] * 10
+
+
+def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(target):
+    """Two sibling nodes with no chance of acceptance now; the second is worth 0.5 tokens in later
+    steps (lookahead's window): under a moderate cost only that one is kept, and what it predicted
+    for calibration is its confidence alone (0), so accepting nothing does not lower the drafter's
+    calibration."""
+    eng = Engine(target, {"x": create("ngram-tree", target)}, max_batch=1, max_len=160)
+    eng.sizer.cost = MODERATE
+    prop = DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0], [0.0, 0.5])
+    proposals = {0: prop}
+    eng.sizer.size([Slot(0, "x", AUTO, 10)], proposals, set())
+    assert proposals[0].tokens == [4] and proposals[0].future_gain == [0.5]
+    before = eng.sizer.acceptance.calibration("x", 0)
+    eng.sizer.learn(Slot(0, "x", AUTO, 10), proposals[0], 1, 0, probed=False)
+    assert eng.sizer.acceptance.calibration("x", 0) == before
+    proposals = {0: DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0])}                 # no future gain: nothing kept
+    eng.sizer.size([Slot(0, "x", AUTO, 10)], proposals, set())
+    assert proposals[0].tokens == []

@@ -246,15 +246,18 @@ class SampledTreeDrafter(Drafter):
 
 @pytest.mark.parametrize("dname,width,depth,pname", [("far/with", 2, 2, "topk3"), ("close/without", 2, 2, "topp0.8"),
                                                      ("far/without", 3, 1, "t1.0"), ("ngram-tree", 0, 2, "t0.7"),
-                                                     ("suffix", 0, 2, "topk3")])
+                                                     ("suffix", 0, 2, "topk3"), ("lookahead", 0, 2, "t0.7")])
 def test_engine_tree_sampling_matches_target(models, dname, width, depth, pname):
     """3,000 generations of 3 tokens per case with trees (sampled: ``width`` siblings per node,
-    ``depth`` levels; n-gram and suffix tries of up to 6 nodes), against the enumerated 512-outcome law."""
+    ``depth`` levels; n-gram, suffix and lookahead tries of up to 6 nodes), against the enumerated
+    512-outcome law."""
     target, close, far = models
     if dname == "ngram-tree":
         drafter = NgramTreeDrafter(min_n=1, max_n=2, max_matches=4, max_depth=depth, min_score=0.0)
     elif dname == "suffix":     # its corpus grows with every finished generation: trees by frequency
         drafter = create("suffix", target, max_n=2, max_depth=depth, min_score=0.0, max_tokens=2000)
+    elif dname == "lookahead":  # window, pool and own-text nodes in one trie (each generation: 3 steps)
+        drafter = create("lookahead", target, window=2, ngram=2, guesses=2, own_nodes=2)
     else:
         which, scheme = dname.split("/")
         drafter = SampledTreeDrafter(close if which == "close" else far, width, scheme == "with", depth)

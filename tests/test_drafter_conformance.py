@@ -30,6 +30,7 @@ CONFORMANCE = {
     "ngram": lambda t: {"max_n": 3},
     "ngram-tree": lambda t: {"max_matches": 8},
     "suffix": lambda t: {"max_n": 6},
+    "lookahead": lambda t: {"window": 3, "ngram": 3},
     "layerskip": lambda t: {"skip": "1"},
     "draft-model": lambda t: {"model": tiny_model(seed=32, vocab=VOCAB, layers=1)},
     "oracle": lambda t: {"alpha": 0.6},

@@ -61,6 +61,7 @@ def drafters(llm, plain, prompts):
             "eagle": lambda: create("eagle", target),
             "medusa": lambda: create("medusa", target),
             "suffix": lambda: create("suffix", target),           # its corpus grows prompt by prompt
+            "lookahead": lambda: create("lookahead", target),
             # the layers its start-up calibration picks on this model (BENCHMARKS section 10), given
             # explicitly so that it drafts under auto too (auto-calibrated, it drafts nothing here)
             "layerskip": lambda: create("layerskip", target, skip="3,5,7,17")}
@@ -93,7 +94,7 @@ def test_logits_match_transformers_float32(kernels):
 
 @pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 @pytest.mark.parametrize("name", ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle", "medusa",
-                                  "suffix", "layerskip"])
+                                  "suffix", "layerskip", "lookahead"])
 def test_greedy_identity(llm, prompts, plain, drafters, name, k):
     """Every drafter, at fixed draft sizes and with ``auto``, alone and batched: plain decoding's tokens."""
     n = len(prompts) if k == 4 else K_PROMPTS

@@ -1,6 +1,7 @@
 """Training-free drafters: suffix decoding across requests (corpus, index, eviction, warm start,
 thread safety) and its greedy identity through the engine."""
 
+import collections
 import json
 import threading
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from specserve.drafters import DraftRequest, create
+from specserve.drafters import DraftRequest, Feedback, create
 from specserve.drafters.suffix import SuffixIndex
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
@@ -22,7 +23,7 @@ def test_an_earlier_request_is_proposed_from():
     d.begin(0, earlier[:4], greedy, 6)
     d.propose([DraftRequest(0, earlier, 0, greedy, 0)])       # the engine hands over its live token list
     d.end(0)                                                  # the finished text joins the corpus
-    assert d.describe() == {"corpus_tokens": 10, "corpus_texts": 1}
+    assert d.describe()["corpus_tokens"] == 10 and d.describe()["corpus_texts"] == 1
     # a new request whose own text never continued "3 4 50" proposes what the earlier one said next
     prop = d.propose_one(np.array([9, 9, 3, 4, 50]), 8, 8)
     assert prop.tokens[:5] == [51, 52, 53, 54, 55] and prop.is_chain
@@ -172,3 +173,112 @@ def test_layerskip_option_errors():
                       ({}, "at least 4 layers")):
         with pytest.raises(SpecserveError, match=msg):
             create("layerskip", small, **opts)
+
+
+# ---------------------------------------------------------------------------------------- lookahead
+def window_nodes(prop, sources_of):
+    """{(path): parent path} of a proposal's nodes, for comparing trees by token paths."""
+    from specserve.drafters.lookahead import node_paths
+    paths = node_paths(prop.tokens, prop.parent_list())
+    return {p: (paths[q] if q >= 0 else ()) for p, q in zip(paths, prop.parent_list())}
+
+
+def test_lookahead_window_is_the_lookahead_mask_as_a_tree():
+    """W=3, N=3, two levels: level 0 a chain over the columns, level 1 of column j below level 0's
+    column j.  A node at (level l, column j) sees the pending token, level 0 up to column j and its
+    own column's lower levels: the paper's lookahead attention mask."""
+    d = create("lookahead", None, window=3, ngram=3, guesses=2, own_nodes=0)
+    greedy = SamplingParams()
+    d.begin(0, [5, 6, 7], greedy, 50)
+    d.states[0].levels = [[10, 11, 12], [20, 21, 22]]
+    prop = d.propose([DraftRequest(0, [5, 6, 7, 9], 32, greedy, 50)])[0]
+    tree = window_nodes(prop, None)
+    assert tree == {(10,): (), (10, 11): (10,), (10, 11, 12): (10, 11),           # level 0: a chain
+                    (10, 20): (10,), (10, 11, 21): (10, 11), (10, 11, 12, 22): (10, 11, 12)}   # level 1
+    assert prop.future_gain == [d.window_value.value] * 6 and all(0 < c < 1 for c in prop.confidence)
+    # depth limit: node (l, j) lies at depth j + 1 + l; deeper nodes (and the columns above them) are left out
+    shallow = d.propose([DraftRequest(0, [5, 6, 7, 9], 32, greedy, 2)])[0]
+    assert set(window_nodes(shallow, None)) == {(10,), (10, 11), (10, 20)}
+
+
+def test_lookahead_jacobi_step_fills_the_pool_and_slides_the_window():
+    d = create("lookahead", None, window=3, ngram=3, guesses=2, own_nodes=0)
+    greedy = SamplingParams()
+    d.begin(0, [5, 6, 7], greedy, 50)
+    st = d.states[0]
+    st.levels = [[10, 11, 12], [20, 21, 22]]
+    prop = d.propose([DraftRequest(0, [5, 6, 7, 9], 32, greedy, 50)])[0]
+    # the target's argmax after each row: the pending token, then every node (made up; -1 unused here)
+    from specserve.drafters.lookahead import node_paths
+    paths = node_paths(prop.tokens, prop.parent_list())
+    after = {(10, 20): 30, (10, 11, 21): 31, (10, 11, 12, 22): 32}
+    predicted = [40] + [after.get(p, 41) for p in paths]
+    d.feedback(Feedback(0, prop, [], [40], {}, predicted))
+    # the n-grams are the columns (level 0, level 1, prediction); the predictions are the new top level
+    assert {k: list(v) for k, v in st.pool.items()} == {10: [(20, 30)], 11: [(21, 31)], 12: [(22, 32)]}
+    assert st.levels == [[20, 21, 22], [30, 31, 32]]
+    # next step, pending token 11: the pool's n-gram "11 21 31" is proposed (verification branch)
+    nxt = d.propose([DraftRequest(0, [5, 6, 7, 9, 11], 32, greedy, 50)])[0]
+    assert (21, 31) in window_nodes(nxt, None)
+    # a window that was not run (trimmed away) learns nothing and does not move
+    d.feedback(Feedback(0, nxt.subset([0]), [], [3], {}, [1, 2]))
+    assert st.levels == [[20, 21, 22], [30, 31, 32]]
+
+
+def test_lookahead_budget_takes_own_text_then_pool_then_window():
+    d = create("lookahead", None, window=3, ngram=2, guesses=2, own_nodes=4)
+    greedy = SamplingParams()
+    text = [1, 2, 3, 4, 1, 2]                       # own text: "1 2" was followed by "3 4"
+    d.begin(0, text, greedy, 50)
+    d.states[0].pool[2] = collections.OrderedDict({(8,): None})
+    full = d.propose([DraftRequest(0, text, 32, greedy, 50)])[0]
+    assert full.tokens[:5] == [3, 4, 1, 2, 8]        # own text first (4 nodes), then the pool's guess
+    assert full.parent_list()[4] == -1 and full.confidence[:4] == sorted(full.confidence[:4], reverse=True)
+    assert d.propose([DraftRequest(0, text, 3, greedy, 50)])[0].tokens == [3, 4, 1]
+    assert create("lookahead", None).max_auto_draft == 8 + (4 + 4) * 2
+
+
+def test_lookahead_option_errors():
+    for bad in ({"window": 0}, {"ngram": 1}, {"guesses": 0}, {"own_nodes": -1}, {"window_prior": -1.0}):
+        with pytest.raises(SpecserveError, match="lookahead needs"):
+            create("lookahead", None, **bad)
+
+
+@pytest.mark.parametrize("k", [4, 24, "auto"])
+def test_lookahead_greedy_identity_alone_and_batched(k):
+    """Repetitive tiny-model text, where the window converges and the pool is used: plain decoding's
+    tokens, alone and two at a time, and the pool's n-grams are accepted at a fixed budget."""
+    target = tiny_model(seed=31, vocab=64, layers=2, scale=2.0)
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [10, 20, 30, 10, 20, 30, 10, 20, 31, 10, 20]]
+    plain = Engine(target, {"none": create("none", target)}, max_batch=1).generate([Request(p, 48) for p in prompts])
+    for batch in (1, 2):
+        d = create("lookahead", target, own_nodes=0)
+        eng = Engine(target, {"lookahead": d}, max_batch=batch)
+        outs = eng.generate([Request(p, 48, drafter="lookahead", num_draft=k) for p in prompts])
+        assert [o.tokens for o in outs] == [r.tokens for r in plain]
+        if k == 24:
+            assert sum(o.stats.accepted_tokens for o in outs) > 0
+
+
+def test_suffix_calibrates_each_source_so_a_misleading_corpus_gives_way():
+    """The corpus continues "3 4 5" with "6 7 8"; the current text's own match ("4 5", shorter) says
+    "9".  The corpus trie wins at first; after its proposals were rejected a few times its calibrated
+    estimates fall below the current text's, whose proposal then wins (and accepted proposals keep
+    a source's weight up)."""
+    d = create("suffix", None, min_score=0.0)
+    greedy = SamplingParams()
+    for _ in range(2):
+        d.index.add([3, 4, 5, 6, 7, 8, 1])
+    text = [1, 4, 5, 9, 2, 3, 4, 5]
+    d.begin(0, text, greedy, 50)
+    first = d.propose([DraftRequest(0, text, 8, greedy, 8)])[0]
+    assert first.tokens[0] == 6
+    for _ in range(6):
+        prop = d.propose([DraftRequest(0, text, 8, greedy, 8)])[0]
+        if prop.tokens[0] != 6:
+            break
+        d.feedback(Feedback(0, prop, [], [0]))                 # nothing accepted
+    assert prop.tokens[0] == 9 and d.calib[0]["corpus"].value < 1.0 == d.calib[0]["own"].value
+    # the drafter's history carries the lesson to the next sequence
+    d.begin(1, text, greedy, 50)
+    assert d.propose([DraftRequest(1, text, 8, greedy, 8)])[0].tokens[0] == 9

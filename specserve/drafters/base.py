@@ -69,6 +69,10 @@ class DraftProposal:
     probs: Tensor | None = None              # [N, V] q per node (see the module docstring); None: one-hot
     parents: list[int] | None = None         # N parent indices (-1: child of the pending token); None: a chain
     confidence: list[float] | None = None    # optional per-node score in [0, 1] (higher: likelier accepted)
+    future_gain: list[float] | None = None   # optional per-node tokens expected in *later* steps from running
+                                             # the node (lookahead's window: the n-grams its outputs add to the
+                                             # pool); the controller adds it to the node's gain, never to the
+                                             # confidence it calibrates against what was accepted
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -111,7 +115,8 @@ class DraftProposal:
         return DraftProposal([self.tokens[i] for i in keep],
                              self.probs[keep] if self.probs is not None and keep else None,
                              None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
-                             [self.confidence[i] for i in keep] if self.confidence is not None else None)
+                             [self.confidence[i] for i in keep] if self.confidence is not None else None,
+                             [self.future_gain[i] for i in keep] if self.future_gain is not None else None)
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
@@ -130,6 +135,8 @@ class DraftProposal:
                 raise ValueError("a node's token has no probability under the q it was drawn from")
         if self.confidence is not None and len(self.confidence) != n:
             raise ValueError("confidence needs one value per node")
+        if self.future_gain is not None and len(self.future_gain) != n:
+            raise ValueError("future_gain needs one value per node")
 
 
 @dataclass
@@ -143,6 +150,9 @@ class Feedback:
     # ^ layer -> [n, hidden]: target features of the n positions the cache committed this step, in
     #   order (after the prefill: every prompt position; after a step: the pending token, then the
     #   accepted nodes).  Only the layers the drafter declared in ``feature_layers``.
+    predicted: list[int] | None = None
+    # ^ the target's most likely token after each row of the pass: [pending token, node 0, node 1, ...]
+    #   (len(proposal) + 1), whatever was accepted; only for drafters that set ``wants_predictions``
 
     @property
     def num_drafted(self) -> int:
@@ -163,6 +173,7 @@ class Drafter(ABC):
     preload: ClassVar[bool] = False          # cheap and option-free: a server loads it for requests to name
     options: ClassVar[tuple[Option, ...]] = ()
     feature_layers: tuple[int, ...] = ()     # target layers whose features ``feedback`` should carry
+    wants_predictions: ClassVar[bool] = False  # ``feedback`` carries the target's argmax at every node
 
     def bind(self, max_batch: int, max_len: int) -> None:
         """The engine will run at most ``max_batch`` sequences of at most ``max_len`` tokens."""

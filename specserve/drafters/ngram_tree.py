@@ -163,6 +163,22 @@ def check_trie_options(name: str, length_weight: float, recency: float, base: fl
         raise SpecserveError(f"{name} needs 0 < base <= 1 and 0 < growth <= 1")
 
 
+class Rate:
+    """A decayed success rate with a prior: (successes + prior x weight) / (trials + weight)."""
+
+    def __init__(self, prior: float, weight: float = 4.0, decay: float = 0.995):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.hits = self.trials = 0.0
+
+    def add(self, hits: float, trials: float) -> None:
+        self.hits = self.decay * self.hits + hits
+        self.trials = self.decay * self.trials + trials
+
+    @property
+    def value(self) -> float:
+        return (self.hits + self.prior * self.weight) / (self.trials + self.weight)
+
+
 @register("ngram-tree")
 class NgramTreeDrafter(Drafter):
     tree = True

@@ -21,10 +21,13 @@ the corpus's.  In each, the ``max_matches`` longest (then most recent) matches a
 them; a node's estimate is its parent's, times its share of the continuations leaving the parent
 (frequency), times the reliability of a copy after a match of its length (``ngram.reliability``).
 The corpus trie holds at most ``size_factor`` x its longest match length nodes (a long, frequent
-match earns a big tree).  The proposal comes from the trie with the longer longest match (more
-context agrees; the current text's on a tie), as ArcticInference picks between its per-request and
-global trees: on text unlike the corpus the proposal is prompt lookup's.  At most k nodes, none
-below ``min_score``.
+match earns a big tree).  Each source's estimates are then **calibrated**: multiplied by the
+tokens its proposals had accepted per unit of estimate (measured per sequence, decayed, starting
+from the drafter's recent history), and the trie whose calibrated estimates sum higher wins (the
+current text's on a tie), as ArcticInference picks between its per-request and global trees by
+score.  So where the corpus holds other tasks' text (retrieval prompts: short matches everywhere,
+rarely right) its proposals lose their weight and the current text's take over, instead of the
+controller switching the whole drafter off.  At most k nodes, none below ``min_score``.
 Deterministic proposals (one-hot q): exact under sampling.
 
 Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
@@ -42,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
-from specserve.drafters.ngram_tree import Trie, best_first, check_trie_options, find_matches, trie_options
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
+from specserve.drafters.ngram_tree import Rate, Trie, best_first, check_trie_options, find_matches, trie_options
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
@@ -131,6 +134,11 @@ class SuffixDrafter(Drafter):
         self.base, self.growth, self.min_score = base, growth, min_score
         self.index = SuffixIndex(max_tokens, per_key)
         self.live: dict[int, list[int]] = {}
+        # accepted tokens per unit of trie estimate, per source: the drafter's recent history (the prior
+        # of a new sequence) and each sequence's own; what the last proposal of a sequence came from
+        self.history = {"own": Rate(1.0, weight=4.0, decay=0.99), "corpus": Rate(1.0, weight=4.0, decay=0.99)}
+        self.calib: dict[int, dict[str, Rate]] = {}
+        self.last: dict[int, tuple[str, float]] = {}
         if warm:
             self.warm(warm, target)
 
@@ -167,37 +175,63 @@ class SuffixDrafter(Drafter):
 
     def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int) -> None:
         self.live[seq_id] = prompt
+        # each source's calibration starts from the drafter's recent history
+        self.calib[seq_id] = {src: Rate(r.value, weight=4.0, decay=0.95) for src, r in self.history.items()}
 
     def end(self, seq_id: int) -> None:
         tokens = self.live.pop(seq_id, None)
+        self.calib.pop(seq_id, None)
+        self.last.pop(seq_id, None)
         if tokens is not None:
             self.index.add(tokens)
 
     def describe(self) -> dict:
-        return {"corpus_tokens": self.index.tokens, "corpus_texts": len(self.index.docs)}
+        return {"corpus_tokens": self.index.tokens, "corpus_texts": len(self.index.docs),
+                "calibration": {src: round(r.value, 3) for src, r in self.history.items()}}
 
     # ------------------------------------------------------------------ proposals
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         out = []
         for r in requests:
             self.live[r.seq_id] = r.tokens            # the engine's own list: the whole text at the end
-            out.append(self.propose_one(np.asarray(r.tokens, dtype=np.int64), r.k, min(self.max_depth, r.max_depth)))
+            out.append(self.propose_one(np.asarray(r.tokens, dtype=np.int64), r.k, min(self.max_depth, r.max_depth),
+                                        r.seq_id))
         return out
 
-    def propose_one(self, tokens: np.ndarray, k: int, depth: int) -> DraftProposal:
-        """One of two tries: the current text's own matches (``ngram-tree``'s proposal), or the
-        corpus's when its longest match is longer."""
+    def propose_one(self, tokens: np.ndarray, k: int, depth: int, seq_id: int | None = None) -> DraftProposal:
+        """The better of two tries, the current text's own matches (``ngram-tree``'s proposal) and the
+        corpus's: each trie's estimates times its source's calibration (accepted tokens per unit of
+        estimate, measured per sequence), and the one whose calibrated estimates sum higher (more tokens
+        expected) wins, the current text's on a tie."""
+        self.last.pop(seq_id, None)
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
         own = tokens[-4096:]
         ends, lengths = find_matches(own, self.min_n, self.max_n)
         mine = [(own[e:e + depth], int(m)) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
         corpus = [(c, m) for c, m, _ in self.index.matches(tokens, self.min_n, self.max_n, depth)]
-        # the longer match wins (more context agrees); on a tie, the current text's own
-        longest = lambda found: max((m for _, m in found), default=0)          # noqa: E731
-        if corpus and longest(corpus) > longest(mine):
-            return self._trie_proposal(corpus, k, True)
-        return self._trie_proposal(mine, k, False)
+        calib = self.calib.get(seq_id, self.history)
+        best, best_src, best_sum = DraftProposal([]), "own", 0.0
+        for src, found in (("own", mine), ("corpus", corpus)):
+            prop = self._trie_proposal(found, k, src == "corpus")
+            factor = calib[src].value
+            total = factor * sum(prop.confidence or [])
+            if len(prop) and (total > best_sum or not len(best)):
+                prop.confidence = [min(c * factor, 1.0) for c in prop.confidence]
+                best, best_src, best_sum = prop, src, total
+        if len(best) and seq_id is not None:
+            self.last[seq_id] = (best_src, calib[best_src].value)
+        return best
+
+    def feedback(self, fb: Feedback) -> None:
+        """Accepted tokens against the (uncalibrated) estimates of what was verified, per source."""
+        src_factor = self.last.pop(fb.seq_id, None)
+        if src_factor is None or not len(fb.proposal) or fb.proposal.confidence is None:
+            return
+        src, factor = src_factor
+        predicted = sum(fb.proposal.confidence) / max(factor, 1e-6)
+        for rate in (self.calib[fb.seq_id][src], self.history[src]):
+            rate.add(len(fb.accepted), predicted)
 
     def _trie_proposal(self, found: list[tuple[np.ndarray, int]], k: int, capped: bool) -> DraftProposal:
         """Matches (continuation, length), most recent first, merged into a trie (longest first)."""

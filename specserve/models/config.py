@@ -12,6 +12,7 @@ from typing import Any
 from specserve.errors import SpecserveError
 
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")      # GGUF's names (Mistral files are "llama")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None   # llama3 (Hugging Face), or freq_factors (GGUF rope_freqs)
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q, k, v projections
     qk_norm: bool = False         # Qwen3: RMSNorm over each head of q and k
@@ -103,12 +104,14 @@ class ModelConfig:
             raise SpecserveError(f"config.json lacks required field {e.args[0]!r}") from None
 
     @classmethod
-    def from_gguf(cls, fields: dict[str, Any], has_output_tensor: bool) -> "ModelConfig":
-        """Build from GGUF metadata (``general.architecture`` must be ``llama``)."""
+    def from_gguf(cls, fields: dict[str, Any], has_output_tensor: bool, rope_factors: list[float] | None = None,
+                  has_qkv_bias: bool = False) -> "ModelConfig":
+        """Build from GGUF metadata; ``general.architecture`` one of SUPPORTED_GGUF_ARCHS (Mistral files
+        say ``llama``).  ``rope_factors``: the file's ``rope_freqs`` tensor (Llama 3.1 scaling)."""
         arch = fields.get("general.architecture")
-        if arch != "llama":
-            raise SpecserveError(f"unsupported GGUF architecture {arch!r}; supported: llama")
-        p = "llama."
+        if arch not in SUPPORTED_GGUF_ARCHS:
+            raise SpecserveError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHS)}")
+        p = arch + "."
         try:
             hidden = int(fields[p + "embedding_length"])
             heads = int(fields[p + "attention.head_count"])
@@ -116,19 +119,23 @@ class ModelConfig:
             if vocab is None:
                 vocab = len(fields["tokenizer.ggml.tokens"])
             eos = fields.get("tokenizer.ggml.eos_token_id")
+            head_dim = fields.get(p + "attention.key_length", fields.get(p + "rope.dimension_count", hidden // heads))
             return cls(
-                arch="llama",
+                arch=arch,
                 vocab_size=int(vocab),
                 hidden_size=hidden,
                 intermediate_size=int(fields[p + "feed_forward_length"]),
                 num_layers=int(fields[p + "block_count"]),
                 num_heads=heads,
                 num_kv_heads=int(fields.get(p + "attention.head_count_kv", heads)),
-                head_dim=int(fields.get(p + "rope.dimension_count", hidden // heads)),
+                head_dim=int(head_dim),
                 max_position_embeddings=int(fields.get(p + "context_length", 4096)),
                 rms_norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
                 rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
+                rope_scaling={"rope_type": "freq_factors", "factors": list(rope_factors)} if rope_factors else None,
                 tie_word_embeddings=not has_output_tensor,
+                attention_bias=has_qkv_bias,
+                qk_norm=arch == "qwen3",
                 bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
                 eos_token_ids=(int(eos),) if eos is not None else (),
             )

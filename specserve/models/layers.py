@@ -87,10 +87,13 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
-    """Inverse frequencies [head_dim // 2], with Llama 3 scaling when configured."""
+    """Inverse frequencies [head_dim // 2], with Llama 3 scaling when configured (as Hugging Face's
+    parameters, or as GGUF's per-frequency divisors ``freq_factors``)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv
+    if scaling.get("rope_type") == "freq_factors":
+        return inv / torch.tensor(scaling["factors"], dtype=torch.float32)
     factor = scaling["factor"]
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     old_len = scaling.get("original_max_position_embeddings", 8192)

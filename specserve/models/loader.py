@@ -188,6 +188,7 @@ _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -223,7 +224,13 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
         except Exception:  # noqa: BLE001 - fields we cannot decode are not ones we use
             pass
     names = {t.name for t in reader.tensors}
-    cfg = ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names)
+    factors = next((np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).ravel().tolist()
+                    for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    cfg = ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names, rope_factors=factors,
+                                has_qkv_bias="blk.0.attn_q.bias" in names)
+    # llama.cpp's converter interleaves q/k rows for the llama architecture only (its rotary pairs are
+    # adjacent there; qwen2/qwen3 use the halves layout Hugging Face and our kernels use)
+    permuted = cfg.arch == "llama"
     sd: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
@@ -240,7 +247,7 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
         elif t.name == "output.weight":
             sd["lm_head.weight"] = w
         elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
-            if parts[2] in ("attn_q", "attn_k"):
+            if parts[2] in ("attn_q", "attn_k") and permuted:
                 heads = cfg.num_heads if parts[2] == "attn_q" else cfg.num_kv_heads
                 if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
                     w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)

@@ -1,0 +1,112 @@
+"""GGUF architectures: a random-weight file per architecture (written here with the ``gguf``
+package, as llama.cpp's converter lays it out), loaded by our loader on both runtimes and by
+transformers' own GGUF loading; logits must agree to 1e-4 in fp32."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_state_dict
+from specserve.errors import SpecserveError
+from specserve.models.loader import RuntimeOptions, load_model
+
+NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+VOCAB = 96
+
+
+def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter's q/k row order for the llama architecture (rotary pairs adjacent)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, arch: str, cfg, sd: dict, rope_factors: np.ndarray | None = None) -> None:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    w.add_token_types([1] * cfg.vocab_size)
+    w.add_token_merges([])
+    w.add_eos_token_id(0)
+    w.add_bos_token_id(1)
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    for name, t in sd.items():
+        parts = name.split(".")
+        if parts[0] == "model" and parts[1] == "layers":
+            module = ".".join(parts[3:-1])
+            if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                t = permute(t, cfg.num_heads if "q_proj" in module else cfg.num_kv_heads)
+            tensors[f"blk.{parts[2]}.{NAMES[module]}.{parts[-1]}"] = t
+    if rope_factors is not None:
+        tensors["rope_freqs.weight"] = torch.from_numpy(rope_factors)
+    for name, t in tensors.items():
+        w.add_tensor(name, t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# qwen3: head_dim 128 beside hidden 32 / 4 heads, as the real Qwen3 files have head_dim != hidden / heads
+# (and transformers' GGUF config reading assumes Qwen3's 128)
+CASES = {"llama": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True, "head_dim": 128}}
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_gguf_architecture_matches_transformers(tmp_path, arch):
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(vocab=VOCAB, layers=2, arch=arch, rope_theta=1e6 if arch != "llama" else 1e4, **CASES[arch])
+    sd = tiny_state_dict(cfg, seed=7, scale=0.3)
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, arch, cfg, sd)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids).logits
+    for kernels in ("native", "torch"):
+        ours = load_model(str(path), RuntimeOptions(kernels=kernels))
+        assert ours.config.arch == arch and ours.config.attention_bias == (arch == "qwen2")
+        assert ours.config.qk_norm == (arch == "qwen3") and ours.config.head_dim == cfg.head_dim
+        got = ours.model(ids, ours.model.new_cache(2, 32), [0, 1], [0, 0]).logits
+        assert (got - ref).abs().max().item() <= 1e-4, kernels
+
+
+def test_gguf_rope_freqs_tensor_divides_the_frequencies(tmp_path):
+    """Llama 3.1 files carry their rotary scaling as per-frequency divisors (``rope_freqs``)."""
+    cfg = tiny_config(vocab=VOCAB, layers=1)
+    sd = tiny_state_dict(cfg, seed=8, scale=0.3)
+    factors = np.linspace(1.0, 8.0, cfg.head_dim // 2).astype(np.float32)
+    write_gguf(tmp_path / "a.gguf", "llama", cfg, sd, rope_factors=factors)
+    write_gguf(tmp_path / "b.gguf", "llama", cfg, sd)
+    scaled, plain = (load_model(str(tmp_path / f), RuntimeOptions(kernels="torch")) for f in ("a.gguf", "b.gguf"))
+    assert scaled.config.rope_scaling["factors"] == pytest.approx(factors.tolist())
+    ids = torch.arange(20).view(1, 20) % VOCAB
+    a = scaled.model(ids, scaled.model.new_cache(1, 32), [0], [0]).logits
+    b = plain.model(ids, plain.model.new_cache(1, 32), [0], [0]).logits
+    assert not torch.allclose(a, b)                                   # the factors are applied
+    assert torch.allclose(a[:, 0], b[:, 0], atol=1e-5)                # position 0 has no rotation at all
+
+
+def test_unsupported_gguf_architecture_is_refused_by_name(tmp_path):
+    cfg = tiny_config(vocab=VOCAB, layers=1)
+    write_gguf(tmp_path / "x.gguf", "falcon", cfg, tiny_state_dict(cfg, seed=9))
+    with pytest.raises(SpecserveError, match="unsupported GGUF architecture 'falcon'"):
+        load_model(str(tmp_path / "x.gguf"))
