@@ -13,41 +13,62 @@ from specserve.models import native as nt
 pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt._cpu_flags(),
                                 reason="this CPU lacks AVX2/FMA/F16C")
 
-GGUF_TYPES = {nt.Q4_1: gguf.GGMLQuantizationType.Q4_1, nt.Q8_0: gguf.GGMLQuantizationType.Q8_0}
+GGUF_TYPES = {nt.Q4_1: gguf.GGMLQuantizationType.Q4_1, nt.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+              nt.Q4_0: gguf.GGMLQuantizationType.Q4_0, nt.Q5_0: gguf.GGMLQuantizationType.Q5_0,
+              nt.Q5_1: gguf.GGMLQuantizationType.Q5_1, nt.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+              nt.Q5_K: gguf.GGMLQuantizationType.Q5_K, nt.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+K_QUANTS = (nt.Q4_K, nt.Q5_K, nt.Q6_K)
+BLOCKS = [nt.Q8_0, nt.Q4_1, nt.Q4_0, nt.Q5_0, nt.Q5_1, *K_QUANTS]
+
+
+def random_k_blocks(fmt: int, n: int, k: int, g: np.random.Generator) -> np.ndarray:
+    """Rows of K-quant blocks with every bit random except the fp16 scales (finite, of a weight's
+    size): gguf's Python package cannot quantize to K-quants, and any bits are a valid block."""
+    blocks = g.integers(0, 256, size=(n, k // 256, nt.BLOCK_BYTES[fmt]), dtype=np.uint8)
+    scales = (g.standard_normal((n, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    if fmt == nt.Q6_K:
+        blocks[..., 208:210] = scales[..., :2]                    # d last
+    else:
+        blocks[..., 0:4] = scales                                 # d, dmin first
+    return blocks.reshape(n, -1)
 
 
 def make_weight(fmt: int, n: int, k: int, seed: int = 0) -> tuple[nt.NativeWeight, torch.Tensor]:
     """A random weight in ``fmt`` and its reference fp32 values (gguf's own dequantizer for blocks)."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.1
     if fmt in GGUF_TYPES:
-        blocks = quants.quantize(w.numpy(), GGUF_TYPES[fmt])
+        blocks = (random_k_blocks(fmt, n, k, np.random.default_rng(seed)) if fmt in K_QUANTS
+                  else quants.quantize(w.numpy(), GGUF_TYPES[fmt]))
         ref = torch.from_numpy(np.array(quants.dequantize(blocks, GGUF_TYPES[fmt]), dtype=np.float32))
         return nt.NativeWeight(torch.from_numpy(blocks), fmt, (n, k)), ref
     nw = nt.NativeWeight.from_float(w, fmt)
     return nw, (w.half().float() if fmt == nt.F16 else w)
 
 
-@pytest.mark.parametrize("fmt", [nt.F32, nt.F16, nt.Q8_0, nt.Q4_1])
+@pytest.mark.parametrize("fmt", [nt.F32, nt.F16, *BLOCKS])
 def test_dequantization_is_exact(fmt):
-    w, ref = make_weight(fmt, 37, 96)
+    """Bit-equal to gguf's reference dequantizer (K-quants: 37 rows x 2 super-blocks of random bits)."""
+    w, ref = make_weight(fmt, 37, 512 if fmt in K_QUANTS else 96)
     assert torch.equal(w.dequantize(), ref)
 
 
-@pytest.mark.parametrize("fmt", [nt.F32, nt.F16, nt.Q8_0, nt.Q4_1])
+@pytest.mark.parametrize("fmt", [nt.F32, nt.F16, *BLOCKS])
 def test_linear_matches_float64_reference(fmt):
-    w, ref = make_weight(fmt, 75, 128, seed=1)          # 75 rows: exercises the row tails
-    x = torch.randn(13, 128, generator=torch.Generator().manual_seed(2))
+    k = 512 if fmt in K_QUANTS else 128
+    w, ref = make_weight(fmt, 75, k, seed=1)            # 75 rows: exercises the row tails
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(75, generator=torch.Generator().manual_seed(3))
     expect = x.double() @ ref.double().T + bias.double()
     got = nt.linear(x, w, bias)
-    assert (got.double() - expect).abs().max().item() < 1e-4
+    tol = 1e-4 * max(1.0, ref.abs().max().item() * 10)   # random K-quant bits make larger weights
+    assert (got.double() - expect).abs().max().item() < tol
     # accumulate: out += x W^T + b
     base = torch.randn(13, 75, generator=torch.Generator().manual_seed(4))
     acc = nt.linear(x, w, bias, out=base.clone(), accumulate=True)
-    assert (acc.double() - (expect + base.double())).abs().max().item() < 1e-4
+    assert (acc.double() - (expect + base.double())).abs().max().item() < tol
 
 
-@pytest.mark.parametrize("fmt", [nt.F32, nt.Q8_0, nt.Q4_1])
+@pytest.mark.parametrize("fmt", [nt.F32, nt.Q8_0, nt.Q4_1, nt.Q5_1, nt.Q4_K, nt.Q6_K])
 def test_linear_rows_are_invariant_to_row_count(fmt):
     """Row r of x W^T has the same bits computed alone, in any group of 2..20 rows, at any offset."""
     w, _ = make_weight(fmt, 130, 256, seed=5)

@@ -199,7 +199,9 @@ def _gguf_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # GGUF block types the native kernels read as they are stored.
-_NATIVE_GGUF = {"Q4_1": native_fmt.Q4_1, "Q8_0": native_fmt.Q8_0, "F16": native_fmt.F16}
+_NATIVE_GGUF = {"Q4_0": native_fmt.Q4_0, "Q4_1": native_fmt.Q4_1, "Q5_0": native_fmt.Q5_0, "Q5_1": native_fmt.Q5_1,
+                "Q8_0": native_fmt.Q8_0, "Q4_K": native_fmt.Q4_K, "Q5_K": native_fmt.Q5_K, "Q6_K": native_fmt.Q6_K,
+                "F16": native_fmt.F16}
 
 
 def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:

@@ -26,13 +26,16 @@ HEADERS = [HERE / "simd.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 7
+ABI_VERSION = 8
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
-F32, F16, Q8_0, Q4_1 = 0, 1, 2, 3
-FORMAT_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_1: "q4_1"}
-BLOCK = {F32: 8, F16: 8, Q8_0: 32, Q4_1: 32}          # in_features must be a multiple of this
+F32, F16, Q8_0, Q4_1, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = range(10)
+FORMAT_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_1: "q4_1", Q4_0: "q4_0", Q5_0: "q5_0", Q5_1: "q5_1",
+                Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
+# elements per block (in_features must be a multiple of it) and bytes per block
+BLOCK = {F32: 8, F16: 8, Q8_0: 32, Q4_1: 32, Q4_0: 32, Q5_0: 32, Q5_1: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+BLOCK_BYTES = {F32: 32, F16: 16, Q8_0: 34, Q4_1: 20, Q4_0: 18, Q5_0: 22, Q5_1: 24, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 
 
 def cache_dir() -> Path:
@@ -160,7 +163,7 @@ class NativeWeight:
 
 
 def row_bytes(fmt: int, k: int) -> int:
-    return {F32: k * 4, F16: k * 2, Q8_0: k // 32 * 34, Q4_1: k // 32 * 20}[fmt]
+    return k // BLOCK[fmt] * BLOCK_BYTES[fmt]
 
 
 def linear(x: torch.Tensor, w: NativeWeight, bias: torch.Tensor | None = None,

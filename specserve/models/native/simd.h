@@ -7,7 +7,7 @@
 // pass, alone or batched, gets bit-identical logits.
 //
 //   linear:    y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) (+ y[m, n] when accumulating).
-//              w is stored as GGUF blocks (Q4_1, Q8_0) or as F16/F32 rows and dequantized
+//              w is stored as GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) or as F16/F32 rows and dequantized
 //              exactly (the values gguf's reference dequantizer produces).  One 8-lane FMA
 //              accumulator per output element runs over k in increasing order; the 8 lanes are
 //              then summed in a fixed tree.  Tiling over m and n only changes which elements are
@@ -36,7 +36,7 @@ namespace ss {
 inline int g_threads = 0;
 inline int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
 
-enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3 };
+enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3, Q4_0 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
 
 inline float h2f(const uint8_t* p) {
   uint16_t h;
