@@ -281,9 +281,9 @@ class Engine:
             s.stats.record_step(len(prop), depth, len(o.path))
             drafter = self.drafters[s.request.drafter]
             feats = {layer: out.features[layer][[offsets[i] + j for j in kept]] for layer in drafter.feature_layers}
-            predicted = (out.logits[offsets[i]:offsets[i] + lengths[i]].argmax(-1).tolist()
-                         if drafter.wants_predictions else None)
-            drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats, predicted))
+            argmax = (out.logits[offsets[i]:offsets[i] + lengths[i]].argmax(-1).tolist()
+                      if drafter.wants_predictions else None)
+            drafter.feedback(Feedback(s.seq_id, prop, o.path, o.tokens, feats, argmax))
             self.sizer.learn(slots[s.seq_id], prop, depth, len(o.path), s.seq_id in probed)
             self._commit(s, o.tokens)
             s.stats.draft_s += t_draft

@@ -36,6 +36,9 @@ def tiny_state_dict(cfg: ModelConfig, seed: int, scale: float = 0.5) -> dict[str
         sd[f"{p}.mlp.down_proj.weight"] = r(h, i)
         sd[f"{p}.input_layernorm.weight"] = 1 + 0.1 * r(h)
         sd[f"{p}.post_attention_layernorm.weight"] = 1 + 0.1 * r(h)
+        if cfg.post_norms:
+            sd[f"{p}.pre_feedforward_layernorm.weight"] = 1 + 0.1 * r(h)
+            sd[f"{p}.post_feedforward_layernorm.weight"] = 1 + 0.1 * r(h)
     return sd
 
 

@@ -258,6 +258,8 @@ def test_lookahead_greedy_identity_alone_and_batched(k):
         assert [o.tokens for o in outs] == [r.tokens for r in plain]
         if k == 24:
             assert sum(o.stats.accepted_tokens for o in outs) > 0
+        if k == "auto":           # the controller's predictions stay step times beside the target's argmax
+            assert all(isinstance(x, float) for o in outs for x in o.stats.step_predicted_s)
 
 
 def test_suffix_calibrates_each_source_so_a_misleading_corpus_gives_way():

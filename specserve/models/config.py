@@ -1,7 +1,10 @@
-"""Model configuration: one dataclass for every supported Llama-family architecture.
+"""Model configuration: one dataclass for every supported decoder architecture.
 
 Supported: Llama 2/3 (including Llama 3 RoPE scaling), SmolLM/SmolLM2, Mistral, Qwen2 (bias on
-q/k/v) and Qwen3 (RMSNorm on q and k).  Anything else is refused at load time with the reason.
+q/k/v), Qwen3 (RMSNorm on q and k) and, from GGUF files, Gemma 3 (GELU-tanh MLP, norms before and
+after attention and MLP, q/k norms, embeddings scaled by sqrt(hidden), sliding-window attention in
+five layers of six with their own rotary base).  Anything else is refused at load time with the
+reason.  Norm weights are the multipliers themselves (GGUF's Gemma files store 1 + w already).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from typing import Any
 from specserve.errors import SpecserveError
 
 SUPPORTED_HF_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")      # GGUF's names (Mistral files are "llama")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")      # GGUF's names (Mistral files are "llama")
+GEMMA3_SLIDING_PATTERN = 6      # every 6th layer attends globally, the others within the window
+GEMMA3_LOCAL_THETA = 10000.0    # rotary base of the windowed layers (llama.cpp and transformers' default)
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,22 @@ class ModelConfig:
     qk_norm: bool = False         # Qwen3: RMSNorm over each head of q and k
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Gemma 3
+    post_norms: bool = False      # RMSNorm on the attention and MLP outputs before each residual add
+    activation: str = "silu"      # MLP gate: silu, or gelu_tanh
+    embed_scale: float = 1.0      # embeddings are multiplied by this (Gemma: sqrt(hidden), in fp32)
+    sliding_window: int = 0       # windowed layers attend to the last this many positions (0: none)
+    sliding_pattern: int = 0      # every n-th layer is global, the others windowed (0: all windowed)
+    local_rope_theta: float | None = None   # rotary base of the windowed layers (None: rope_theta)
+
+    def layer_window(self, i: int) -> int:
+        """Positions layer i attends to (the query's own included), or 0 for all."""
+        if not self.sliding_window or (self.sliding_pattern and (i + 1) % self.sliding_pattern == 0):
+            return 0
+        return self.sliding_window
+
+    def layer_rope_theta(self, i: int) -> float:
+        return self.local_rope_theta if self.layer_window(i) and self.local_rope_theta is not None else self.rope_theta
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -41,6 +62,8 @@ class ModelConfig:
                 f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise SpecserveError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise SpecserveError(f"unknown MLP activation {self.activation!r}; supported: silu, gelu_tanh")
 
     @property
     def num_params(self) -> int:
@@ -135,9 +158,23 @@ class ModelConfig:
                 rope_scaling={"rope_type": "freq_factors", "factors": list(rope_factors)} if rope_factors else None,
                 tie_word_embeddings=not has_output_tensor,
                 attention_bias=has_qkv_bias,
-                qk_norm=arch == "qwen3",
+                qk_norm=arch in ("qwen3", "gemma3"),
                 bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
                 eos_token_ids=(int(eos),) if eos is not None else (),
+                **(_gemma3(fields, hidden) if arch == "gemma3" else {}),
             )
         except KeyError as e:
             raise SpecserveError(f"GGUF file lacks metadata key {e.args[0]!r}") from None
+
+
+def _gemma3(fields: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """Gemma 3's fields beyond the Llama family's, as llama.cpp and transformers read its GGUF files."""
+    import numpy as np
+
+    scaling = fields.get("gemma3.rope.scaling.type")
+    if scaling not in (None, "none") and float(fields.get("gemma3.rope.scaling.factor", 1.0)) != 1.0:
+        raise SpecserveError(f"unsupported Gemma 3 rope scaling {scaling!r} (the 4B and larger models); "
+                             "supported: none (Gemma 3 270M and 1B)")
+    return dict(post_norms=True, activation="gelu_tanh", embed_scale=float(np.float32(hidden ** 0.5)),
+                sliding_window=int(fields.get("gemma3.attention.sliding_window", 0)),
+                sliding_pattern=GEMMA3_SLIDING_PATTERN, local_rope_theta=GEMMA3_LOCAL_THETA)

@@ -109,30 +109,43 @@ class AttentionCore(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, sd: dict[str, Tensor], prefix: str, kernel: str):
+    def __init__(self, sd: dict[str, Tensor], prefix: str, kernel: str, gelu: bool = False):
         super().__init__()
         gate, up = sd[f"{prefix}.gate_proj.weight"], sd[f"{prefix}.up_proj.weight"]
-        self.inter = gate.shape[0]
+        self.inter, self.gelu = gate.shape[0], gelu
         self.gate_up = Linear(torch.cat([gate, up]), None, kernel)            # fused gate/up
         self.down = Linear(sd[f"{prefix}.down_proj.weight"], None, kernel)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x).split(self.inter, dim=-1)
-        return self.down(torch.nn.functional.silu(gate) * up)
+        act = (torch.nn.functional.gelu(gate, approximate="tanh") if self.gelu
+               else torch.nn.functional.silu(gate))
+        return self.down(act * up)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, sd: dict[str, Tensor], i: int, kernel: str):
         super().__init__()
         p = f"model.layers.{i}"
-        self.attn_norm = RMSNorm(sd[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
+        eps = cfg.rms_norm_eps
+        self.attn_norm = RMSNorm(sd[f"{p}.input_layernorm.weight"], eps)
         self.attn = Attention(cfg, sd, f"{p}.self_attn", kernel)
-        self.ffn_norm = RMSNorm(sd[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        self.ffn = FeedForward(sd, f"{p}.mlp", kernel)
+        self.post_attn_norm = self.post_ffn_norm = None
+        if cfg.post_norms:        # Gemma 3: norms after attention and MLP as well
+            self.post_attn_norm = RMSNorm(sd[f"{p}.post_attention_layernorm.weight"], eps)
+            self.ffn_norm = RMSNorm(sd[f"{p}.pre_feedforward_layernorm.weight"], eps)
+            self.post_ffn_norm = RMSNorm(sd[f"{p}.post_feedforward_layernorm.weight"], eps)
+        else:
+            self.ffn_norm = RMSNorm(sd[f"{p}.post_attention_layernorm.weight"], eps)
+        self.ffn = FeedForward(sd, f"{p}.mlp", kernel, gelu=cfg.activation == "gelu_tanh")
+        self.window = cfg.layer_window(i)                # 0: attends to every earlier position
+        self.theta = cfg.layer_rope_theta(i)
 
     def forward(self, x: Tensor, step: _Step, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), step, k_cache, v_cache)
-        return x + self.ffn(self.ffn_norm(x))
+        h = self.attn(self.attn_norm(x), step, k_cache, v_cache)
+        x = x + (self.post_attn_norm(h) if self.post_attn_norm is not None else h)
+        f = self.ffn(self.ffn_norm(x))
+        return x + (self.post_ffn_norm(f) if self.post_ffn_norm is not None else f)
 
 
 class Transformer(nn.Module):
@@ -151,8 +164,14 @@ class Transformer(nn.Module):
         head = self.embed if cfg.tie_word_embeddings else sd["lm_head.weight"]
         self.lm_head = Linear(head, None, kernel)
         self._head_weight = head                                                # rows for weight_rows
-        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.cos, self.sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
+        if attention == "invariant" and any(b.window for b in self.layers):
+            raise ValueError("attention=invariant has no sliding-window layers (Gemma 3): use kernels=native, "
+                             "or attention=sdpa")
+        self.rope: dict[float, tuple[Tensor, Tensor]] = {}                    # rotary tables per base
+        for theta in {b.theta for b in self.layers}:
+            scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
+            self.rope[theta] = rope_tables(rope_inv_freq(cfg.head_dim, theta, scaling),
+                                           cfg.max_position_embeddings + 2 * KEY_BLOCK)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -274,6 +293,15 @@ class Transformer(nn.Module):
                             head=False)
         return flat, dense, out
 
+    @staticmethod
+    def _key_positions(start: Tensor, depth: Tensor, s_used: int, t: int) -> Tensor:
+        """[B, S] rotary position of each key slot: the slot for the cached prefix, start + depth for
+        the pass's own tokens (a tree's nodes sit at their depth)."""
+        slots = torch.arange(s_used, device=start.device)[None].expand(len(start), s_used)
+        rel = slots - start[:, None]
+        inside = (rel >= 0) & (rel < t)
+        return torch.where(inside, start[:, None] + depth.gather(1, rel.clamp(0, t - 1)), slots)
+
     def _forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], parents: Tensor | None,
                  last_only: bool, features: tuple[int, ...], head: bool = True) -> ForwardOutput:
         """A [B, T] pass; without ``head``, ``logits`` holds the final normed hidden states instead."""
@@ -314,16 +342,26 @@ class Transformer(nn.Module):
         lo = rows[0]
         contiguous = rows == list(range(lo, lo + bsz))
         row_sel = slice(lo, lo + bsz) if contiguous else torch.tensor(rows, device=dev)
-        cos = self.cos.to(dev)[positions].unsqueeze(1)
-        sin = self.sin.to(dev)[positions].unsqueeze(1)
-        step = _Step(row_sel, slots, s_used, cos, sin, mask, bias, virtual)
+        steps: dict[tuple[int, float], _Step] = {}
+        for layer in self.layers:                  # one step per (window, rotary base) the layers use
+            key = (layer.window, layer.theta)
+            if key not in steps:
+                cos, sin = self.rope[layer.theta]
+                m = mask
+                if layer.window:                   # keys at positions > the query's - window
+                    m = mask & (self._key_positions(start_t, depth, s_used, t)[:, None, None, :]
+                                > positions[:, None, :, None] - layer.window)
+                steps[key] = _Step(row_sel, slots, s_used, cos.to(dev)[positions].unsqueeze(1),
+                                   sin.to(dev)[positions].unsqueeze(1), m, bias, virtual)
 
         x = self.embed[tokens]                                                  # [B, T, hidden]
+        if self.config.embed_scale != 1.0:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         feats: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in features:
                 feats[i] = x
-            x = layer(x, step, cache.k[i], cache.v[i])
+            x = layer(x, steps[(layer.window, layer.theta)], cache.k[i], cache.v[i])
         x = self.norm(x)
         if self.config.num_layers in features:
             feats[self.config.num_layers] = x

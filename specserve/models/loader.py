@@ -166,7 +166,7 @@ def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> Decoder:
     if any(isinstance(v, NativeWeight) for v in sd.values()):
         sd = {k: v.dequantize() if isinstance(v, NativeWeight) else v for k, v in sd.items()}
     model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)
-    model.cos, model.sin = model.cos.to(opts.device), model.sin.to(opts.device)
+    model.rope = {theta: (c.to(opts.device), s.to(opts.device)) for theta, (c, s) in model.rope.items()}
     return model
 
 
@@ -233,6 +233,10 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
     # llama.cpp's converter interleaves q/k rows for the llama architecture only (its rotary pairs are
     # adjacent there; qwen2/qwen3 use the halves layout Hugging Face and our kernels use)
     permuted = cfg.arch == "llama"
+    names_of = dict(_GGUF_NAMES)
+    if cfg.post_norms:            # Gemma 3: GGUF's ffn_norm is the norm before the MLP
+        names_of.update(ffn_norm="pre_feedforward_layernorm", post_attention_norm="post_attention_layernorm",
+                        post_ffw_norm="post_feedforward_layernorm")
     sd: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
@@ -240,7 +244,11 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
             w = NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
                              (int(t.shape[1]), int(t.shape[0])))
         else:
-            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            try:
+                w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            except NotImplementedError:
+                raise SpecserveError(f"{path}: tensor {t.name} is stored as {t.tensor_type.name}, a block type "
+                                     "this loader cannot read") from None
         parts = t.name.split(".")
         if t.name == "token_embd.weight":
             sd["model.embed_tokens.weight"] = w
@@ -248,12 +256,12 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
             sd["model.norm.weight"] = w
         elif t.name == "output.weight":
             sd["lm_head.weight"] = w
-        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+        elif parts[0] == "blk" and parts[2] in names_of:
             if parts[2] in ("attn_q", "attn_k") and permuted:
                 heads = cfg.num_heads if parts[2] == "attn_q" else cfg.num_kv_heads
                 if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
                     w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
                 else:
                     w = _gguf_unpermute(w, heads)
-            sd[f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"] = w
+            sd[f"model.layers.{parts[1]}.{names_of[parts[2]]}.{parts[3]}"] = w
     return cfg, sd

@@ -104,14 +104,17 @@ def library() -> ctypes.CDLL:
         "ss_rmsnorm": ([p, p, i64, i64, f32, p], None),
         "ss_silu_mul": ([p, i64, i64, p], None),
         "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
-        "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, p], None),
+        "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, i64, p], None),
+        "ss_gelu_tanh_mul": ([p, i64, i64, p], None),
+        "ss_add": ([p, p, i64], None),
+        "ss_scale": ([p, f32, i64], None),
         "ss_set_threads": ([i32], i32),
         "ss_default_threads": ([], i32),
         "ss_release_threads": ([], i32),
         "ss_fma_peak": ([i64, p], ctypes.c_double),
         "ss_layer_fields": ([], i32),
-        "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, p, p, p,
-                        p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, i64, p, p], None),
+        "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, f32, p,
+                        p, p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, i64, p, p], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

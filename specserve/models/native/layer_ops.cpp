@@ -89,6 +89,29 @@ void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
     }
 }
 
+// gu: [M, 2I] (gate | up) -> out: [M, I] = gelu_tanh(gate) * up, with
+// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's MLP), element by element.
+void ss_gelu_tanh_mul(const float* gu, int64_t M, int64_t I, float* out) {
+  const float c = 0.7978845608028654f, a = 0.044715f;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = gu[m * 2 * I + i], u = gu[m * 2 * I + I + i];
+      out[m * I + i] = 0.5f * g * (1.0f + std::tanh(c * (g + a * g * g * g))) * u;
+    }
+}
+
+// x += y, [n] (a residual add after a post-norm).
+void ss_add(float* x, const float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) x[i] += y[i];
+}
+
+// x *= s, [n] (Gemma's scaled embeddings).
+void ss_scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 // A pass is *ragged*: N tokens in a flat list, sequence b owning tokens offsets[b] .. offsets[b+1]-1
 // (seq_of[i] is token i's sequence).  Token i = offsets[b] + t of sequence b is written to cache
 // slot start[b] + t of row rows[b].
@@ -123,7 +146,8 @@ void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const i
 
 // q: [N, H, D]; kc, vc: [R, Hkv, C, D]; rows, start: [B]; offsets: [B+1] (ragged layout, above);
 // pos: [N] rotary positions; parent: [N] index of each token's parent among its sequence's tokens
-// (-1 for a root), or null for chains; out: [N, H, D].
+// (-1 for a root), or null for chains; window: a query sees only keys at positions > its own - window
+// (virtual index = position; 0: every key); out: [N, H, D].
 // Token t of sequence b attends to the cached prefix (slots 0..start[b]-1 of row rows[b]) and to its
 // ancestors in the pass and itself (slots start[b] + ancestor index), taken in virtual order (see
 // KeyPath).  For a chain that is slots 0..start[b]+t.
@@ -134,7 +158,7 @@ void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const i
 // o += p_j v_j in virtual key order (o parked in memory between key chunks: exact).
 void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* start,
                   const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
-                  int64_t Hkv, int64_t C, int64_t D, float scale, float* out) {
+                  int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out) {
   const int64_t G = H / Hkv;
   // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to query_group(T_b) of its T_b * G queries
   std::vector<int64_t> first_task(B + 1, 0);
@@ -163,7 +187,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
       const float* qv[ATT_QG_MAX];
       float* ov[ATT_QG_MAX];
       KeyPath kp[ATT_QG_MAX], vp[ATT_QG_MAX];
-      int64_t n[ATT_QG_MAX], nmax = 0;
+      int64_t n[ATT_QG_MAX], lo[ATT_QG_MAX], nmax = 0;
       float inv[ATT_QG_MAX];
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = o0 + t;
@@ -180,6 +204,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
         } else {
           n[i] = pos[bt] + 1;
         }
+        lo[i] = window > 0 && n[i] > window ? n[i] - window : 0;       // first key in the window
         kp[i] = KeyPath{kb, D, s0, slots};
         vp[i] = KeyPath{vb, D, s0, slots};
         nmax = n[i] > nmax ? n[i] : nmax;
@@ -190,7 +215,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
       for (int64_t i = 0; i < nq; ++i) mxv[i] = _mm256_set1_ps(-INFINITY);
       for (int64_t j = 0; j < nmax; j += 8) {
         for (int64_t i = 0; i < nq; ++i) {
-          if (j >= n[i]) continue;
+          if (j >= n[i] || j + 8 <= lo[i]) continue;                     // past the query, or before its window
           __m256 sc;
           if (!kp[i].slot || j + 8 <= s0) {
             sc = scores8(qv[i], [&](int r) { return kb + (j + r) * D; }, D);
@@ -201,6 +226,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
           }
           sc = _mm256_mul_ps(sc, _mm256_set1_ps(scale));
           if (n[i] - j < 8) sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, tail_mask(n[i] - j));
+          if (lo[i] > j) sc = _mm256_blendv_ps(sc, _mm256_set1_ps(-INFINITY), tail_mask(lo[i] - j));
           _mm256_storeu_ps(s + i * stride + j, sc);
           mxv[i] = _mm256_max_ps(mxv[i], sc);
         }
@@ -210,9 +236,10 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
         const __m256 mv = _mm256_set1_ps(hmax(mxv[i]));
         __m256 sum = _mm256_setzero_ps();
         float* si = s + i * stride;
-        for (int64_t j = 0; j < n[i]; j += 8) {
+        for (int64_t j = lo[i] / 8 * 8; j < n[i]; j += 8) {
           __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), mv));
           if (n[i] - j < 8) e = _mm256_and_ps(e, tail_mask(n[i] - j));
+          if (lo[i] > j) e = _mm256_andnot_ps(tail_mask(lo[i] - j), e);        // keys before the window: 0
           _mm256_storeu_ps(si + j, e);
           sum = _mm256_add_ps(sum, e);
         }
@@ -224,12 +251,12 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
       for (int64_t j0 = 0; j0 < nmax; j0 += KEY_CHUNK) {
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t j1 = j0 + KEY_CHUNK < n[i] ? j0 + KEY_CHUNK : n[i];
-          if (j0 >= j1) continue;
+          if (j0 >= j1 || j1 <= lo[i]) continue;
           __m256 o[32];
           float* oi = obuf + i * D;
           const float* si = s + i * stride;
           for (int64_t c = 0; c < V; ++c) o[c] = _mm256_loadu_ps(oi + 8 * c);
-          for (int64_t j = j0; j < j1; ++j) {
+          for (int64_t j = j0 > lo[i] ? j0 : lo[i]; j < j1; ++j) {
             const __m256 pj = _mm256_set1_ps(si[j]);
             const float* vj = vp[i].row(j);
             for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), o[c]);

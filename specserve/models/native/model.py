@@ -48,10 +48,19 @@ class _Layer:
         self.q_norm = _f32(sd[f"{a}.q_norm.weight"]) if cfg.qk_norm else None
         self.k_norm = _f32(sd[f"{a}.k_norm.weight"]) if cfg.qk_norm else None
         self.o = as_native(sd[f"{a}.o_proj.weight"])
-        self.ffn_norm = _f32(sd[f"{p}.post_attention_layernorm.weight"])
+        if cfg.post_norms:         # Gemma 3: norms after attention and MLP too
+            self.post_attn_norm = _f32(sd[f"{p}.post_attention_layernorm.weight"])
+            self.ffn_norm = _f32(sd[f"{p}.pre_feedforward_layernorm.weight"])
+            self.post_ffn_norm = _f32(sd[f"{p}.post_feedforward_layernorm.weight"])
+        else:
+            self.post_attn_norm = self.post_ffn_norm = None
+            self.ffn_norm = _f32(sd[f"{p}.post_attention_layernorm.weight"])
         m = f"{p}.mlp"
         self.gate_up = NativeWeight.cat([as_native(sd[f"{m}.gate_proj.weight"]), as_native(sd[f"{m}.up_proj.weight"])])
         self.down = as_native(sd[f"{m}.down_proj.weight"])
+        self.window = cfg.layer_window(i)
+        self.gelu = cfg.activation == "gelu_tanh"
+        self.cos = self.sin = None            # the layer's rotary tables (set by the model: shared per base)
 
     def weights(self) -> list[NativeWeight]:
         return [self.qkv, self.o, self.gate_up, self.down]
@@ -77,9 +86,15 @@ class NativeTransformer(nn.Module):
         self.layers = [_Layer(cfg, sd, i) for i in range(cfg.num_layers)]
         self.norm = _f32(sd["model.norm.weight"])
         self.lm_head = self.embed if cfg.tie_word_embeddings else as_native(sd["lm_head.weight"])
-        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        cos, sin = rope_tables(inv, cfg.max_position_embeddings + 2 * KEY_BLOCK)
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        tables: dict[float, tuple[Tensor, Tensor]] = {}
+        for i, layer in enumerate(self.layers):         # one pair of rotary tables per base
+            theta = cfg.layer_rope_theta(i)
+            if theta not in tables:
+                scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
+                cos, sin = rope_tables(rope_inv_freq(cfg.head_dim, theta, scaling), cfg.max_position_embeddings + 2 * KEY_BLOCK)
+                tables[theta] = (cos.contiguous(), sin.contiguous())
+            layer.cos, layer.sin = tables[theta]
+        self.positions = next(iter(tables.values()))[0].shape[0]
         self.set_timer(None)
         self._weights = self._table()
 
@@ -90,7 +105,8 @@ class NativeTransformer(nn.Module):
         table = [[layer.attn_norm.data_ptr(), layer.qkv.data.data_ptr(), layer.qkv.fmt, opt(layer.qkv_bias),
                   opt(layer.q_norm), opt(layer.k_norm), layer.o.data.data_ptr(), layer.o.fmt,
                   layer.ffn_norm.data_ptr(), layer.gate_up.data.data_ptr(), layer.gate_up.fmt,
-                  layer.down.data.data_ptr(), layer.down.fmt] for layer in self.layers]
+                  layer.down.data.data_ptr(), layer.down.fmt, opt(layer.post_attn_norm), opt(layer.post_ffn_norm),
+                  layer.cos.data_ptr(), layer.sin.data_ptr(), layer.window, int(layer.gelu)] for layer in self.layers]
         if len(table[0]) != self.lib.ss_layer_fields():
             raise RuntimeError("native kernel library and model.py disagree on the layer table")
         return torch.tensor(table, dtype=torch.int64)
@@ -180,7 +196,7 @@ class NativeTransformer(nn.Module):
             raise ValueError("last_only is for [B, T] passes")
         if logits_for is not None and not ragged:
             raise ValueError("logits_for is for ragged passes")
-        if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.cos.shape[0]):
+        if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.positions):
             raise ValueError(f"positions up to {max(start) + longest} exceed cache capacity {cache.capacity}")
         if cache.k[0].dtype != torch.float32:
             raise ValueError("the native runtime needs a float32 KV cache")
@@ -216,8 +232,8 @@ class NativeTransformer(nn.Module):
                                 dtype=torch.int64) if wanted else None
             lib.ss_forward(tok.data_ptr(), x.data_ptr(), hbuf.data_ptr(), qkv.data_ptr(), q.data_ptr(), att.data_ptr(),
                            gu.data_ptr(), act.data_ptr(), cfg.num_layers, m, hid, inter, h, hkv, d,
-                           cache.k_all.shape[1], cap, eps, scale, self.cos.data_ptr(), self.sin.data_ptr(),
-                           rows_t.data_ptr(), start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(),
+                           cache.k_all.shape[1], cap, eps, scale, float(cfg.embed_scale), rows_t.data_ptr(),
+                           start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(),
                            pos_t.data_ptr(), parent_ptr, bsz, self._weights.data_ptr(), cache.k_all.data_ptr(),
                            cache.v_all.data_ptr(), self.embed.data.data_ptr(), self.embed.fmt, self.norm.data_ptr(),
                            self.lm_head.data.data_ptr(), self.lm_head.fmt, self.lm_head.shape[0],
@@ -228,6 +244,8 @@ class NativeTransformer(nn.Module):
         # timed: the same kernel calls from Python, one at a time
         lin = self._linear
         lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
+        if cfg.embed_scale != 1.0:
+            lib.ss_scale(x.data_ptr(), float(cfg.embed_scale), m * hid)
         for i, layer in enumerate(self.layers):
             if i in wanted:
                 wanted[i].copy_(x)
@@ -235,7 +253,7 @@ class NativeTransformer(nn.Module):
             # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
             lin(hbuf, layer.qkv, layer.qkv_bias, out=qkv)
-            lib.ss_rope_cache(qkv.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(), rows_t.data_ptr(),
+            lib.ss_rope_cache(qkv.data_ptr(), layer.cos.data_ptr(), layer.sin.data_ptr(), rows_t.data_ptr(),
                               start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(), pos_t.data_ptr(), m,
                               h, hkv, cap, d,
                               layer.q_norm.data_ptr() if layer.q_norm is not None else None,
@@ -243,19 +261,29 @@ class NativeTransformer(nn.Module):
                               eps, q.data_ptr(), kc.data_ptr(), vc.data_ptr())
             lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
                              offsets_t.data_ptr(), pos_t.data_ptr(), parent_ptr, bsz, h, hkv, cap, d, scale,
-                             att.data_ptr())
-            lin(att, layer.o, out=x, accumulate=True)
-            # 2. feed-forward: norm -> fused gate/up -> silu * up -> down (+= residual)
+                             layer.window, att.data_ptr())
+            self._residual(lin, att, layer.o, layer.post_attn_norm, x, hbuf, eps)
+            # 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)
             lib.ss_rmsnorm(x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
             lin(hbuf, layer.gate_up, out=gu)
-            lib.ss_silu_mul(gu.data_ptr(), m, inter, act.data_ptr())
-            lin(act, layer.down, out=x, accumulate=True)
+            (lib.ss_gelu_tanh_mul if layer.gelu else lib.ss_silu_mul)(gu.data_ptr(), m, inter, act.data_ptr())
+            self._residual(lin, act, layer.down, layer.post_ffn_norm, x, hbuf, eps)
         lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
         if cfg.num_layers in wanted:
             wanted[cfg.num_layers].copy_(hbuf)
         out = hbuf[pick_t].contiguous() if pick_t is not None else hbuf
         lin(out, self.lm_head, out=logits)
         return self._output(logits, wanted, ragged, bsz, 1 if last_only else longest)
+
+    def _residual(self, lin, a: Tensor, w: NativeWeight, post_norm: Tensor | None, x: Tensor, hbuf: Tensor,
+                  eps: float) -> None:
+        """x += a W^T, through ``post_norm`` first when the layer has one (as ss_forward does)."""
+        if post_norm is None:
+            lin(a, w, out=x, accumulate=True)
+            return
+        lin(a, w, out=hbuf)
+        self._lib.ss_rmsnorm(hbuf.data_ptr(), post_norm.data_ptr(), x.shape[0], x.shape[1], eps, hbuf.data_ptr())
+        self._lib.ss_add(x.data_ptr(), hbuf.data_ptr(), x.numel())
 
     def _output(self, logits: Tensor, feats: dict[int, Tensor], ragged: bool, bsz: int, t: int) -> ForwardOutput:
         """Flat [N, ...] results for a ragged pass, [B, T, ...] otherwise."""
