@@ -203,3 +203,14 @@ def test_missing_compiler_is_a_clear_refusal(monkeypatch, tmp_path):
         assert RuntimeOptions().resolve().kernels == "fbgemm"       # auto falls back, stated in resolve
     finally:
         nt.library.cache_clear()
+
+
+@pytest.mark.parametrize("fmt", [nt.Q4_0, nt.Q5_0])
+def test_small_blocks_as_q8_0_keep_every_value(fmt):
+    """GGUF K-quant mixes fuse Q5_0 q/k with a Q8_0 v: the Q8_0 copy dequantizes to the same bits, and
+    the fused weight keeps its blocks (no fp32 fallback)."""
+    w, ref = make_weight(fmt, 21, 96, seed=9)
+    assert torch.equal(w.as_q8_0().dequantize(), ref)
+    v, vref = make_weight(nt.Q8_0, 5, 96, seed=10)
+    fused = nt.NativeWeight.cat([w, v])
+    assert fused.fmt == nt.Q8_0 and torch.equal(fused.dequantize(), torch.cat([ref, vref]))

@@ -13,7 +13,8 @@ def render_report(doc: dict) -> str:
     cfg, r = doc["config"], doc["roofline"]
     lines = ["# specserve bench", "", f"Command: `{cfg['command']}`", "",
              f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
-             f"{_sampling(cfg)}. Machine: {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
+             f"{_sampling(cfg)}, prompts: {cfg.get('prompt_format', 'chat template')}. Machine: "
+             f"{doc['machine'].get('processor') or 'CPU'}, {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
              "## Roofline", "",
              f"{r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
              f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "

@@ -67,6 +67,15 @@ class BenchConfig:
         return SamplingParams(self.temperature, 0, self.top_p, self.seed + i)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (figures are only comparable on one CPU), or platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
 def _progress(label: str, i: int, n: int) -> None:
     print(f"\r  {label:<34} {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
 
@@ -102,12 +111,14 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
               max_batch=1, max_len=4096)
     target = llm.target
-    ids = [llm.encode(p.text) for p in prompts]
+    chat = llm.tokenizer.hf.chat_template is not None       # a base model's file may have no chat template
+    ids = [llm.encode(p.text, raw=not chat) for p in prompts]
     greedy = SamplingParams()
     doc: dict = {"config": vars(cfg) | {"command": " ".join(sys.argv), "runtime": vars(target.options),
-                                          "model_path": target.path},
+                                          "model_path": target.path,
+                                          "prompt_format": "chat template" if chat else "raw text (no chat template)"},
                  "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                             "processor": platform.processor(), "cpus": __import__("os").cpu_count()},
+                             "processor": cpu_name(), "cpus": __import__("os").cpu_count()},
                  "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     # 1. roofline card, printed before anything is measured

@@ -1,9 +1,14 @@
-"""``draft-model``: a smaller model with the same vocabulary drafts autoregressively.
+"""``draft-model``: a smaller model drafts autoregressively.
 
 The drafter keeps its own KV cache in step with the sequence: it remembers which tokens its cache
 holds, rolls back to the longest prefix that still agrees with the sequence, feeds the rest in one
 pass, then drafts k tokens one pass each.  Under sampling each drafted token is drawn from q, the
 draft's logits processed exactly like the target's, and q is returned for verification.
+
+A draft whose vocabulary differs from the target's (another tokenizer) drafts through text
+(``vocab_bridge``): it reads the sequence re-encoded with its own tokenizer and its tokens are
+re-encoded with the target's; it then drafts greedily, also under sampling, so that q is one-hot on
+the proposed tokens and verification stays exact.
 """
 
 from __future__ import annotations
@@ -14,25 +19,26 @@ import torch
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
 from specserve.drafters.registry import register
+from specserve.drafters.vocab_bridge import TextBridge
 from specserve.errors import SpecserveError
 from specserve.models.layers import QUERY_BLOCK
 from specserve.models.loader import LoadedModel, load_model, resolve_model_path
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
 
 
-def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft model whose vocabulary differs from the target's, saying how."""
+def vocabulary_bridge(target: LoadedModel, draft: LoadedModel) -> TextBridge | None:
+    """None when the draft shares the target's vocabulary; a text bridge between the two tokenizers
+    when it does not; refused when there is no tokenizer to translate with (in-memory models)."""
     from specserve.tokenizer import load_tokenizer
 
-    if draft.config.vocab_size != target.config.vocab_size:
+    files = Path(draft.path).exists() and Path(target.path).exists()
+    if draft.config.vocab_size == target.config.vocab_size and (draft.path == target.path or not files):
+        return None   # the same files, or in-memory models of the same size (nothing to compare)
+    if not files:
         raise SpecserveError(f"draft model vocabulary size {draft.config.vocab_size} differs from the "
-                             f"target's {target.config.vocab_size}")
-    if draft.path == target.path or not (Path(draft.path).exists() and Path(target.path).exists()):
-        return  # same files, or in-memory models with no tokenizer to compare
-    tv, dv = load_tokenizer(target).vocab(), load_tokenizer(draft).vocab()
-    if tv != dv:
-        diff = next((t for t in tv if dv.get(t) != tv[t]), None)
-        raise SpecserveError(f"draft model tokenizer differs from the target's (first difference: token {diff!r})")
+                             f"target's {target.config.vocab_size}, and there are no tokenizers to translate with")
+    tt, dt = load_tokenizer(target), load_tokenizer(draft)
+    return None if tt.vocab() == dt.vocab() else TextBridge(tt, dt)
 
 
 @register("draft-model")
@@ -43,7 +49,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel):
         self.draft = model if isinstance(model, LoadedModel) else load_model(model, target.options)
-        check_same_vocabulary(target, self.draft)
+        self.bridge = vocabulary_bridge(target, self.draft)
         self.cache = None
         self.free_rows: list[int] = []
         self.row: dict[int, int] = {}
@@ -51,6 +57,8 @@ class DraftModelDrafter(Drafter):
         self.gen: dict[int, torch.Generator] = {}
 
     def bind(self, max_batch: int, max_len: int) -> None:
+        if self.bridge is not None:      # another tokenizer may need more tokens for the same text
+            max_len = min(2 * max_len, self.draft.config.max_position_embeddings)
         self.cache = self.draft.model.new_cache(max_batch, max_len)
         self.free_rows = list(range(max_batch))
 
@@ -99,8 +107,24 @@ class DraftModelDrafter(Drafter):
                 out[i] = logits[j, -1 if alone else len(feeds[i]) - 1]
         return torch.stack(out)
 
+    def describe(self) -> dict:
+        return {"vocabulary": "translated through text" if self.bridge is not None else "shared"}
+
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        if self.bridge is None:
+            return self._propose(requests)
+        # another vocabulary: draft greedily on the text re-encoded, translate the tokens back
+        greedy = SamplingParams()
+        mine = [DraftRequest(r.seq_id, self.bridge.to_draft(r.tokens), min(r.k, r.max_depth) + 1 if r.k else 0,
+                             greedy) for r in requests]
+        out = []
+        for r, p in zip(requests, self._propose(mine)):
+            tokens = self.bridge.to_target(r.tokens, p.tokens)[:min(r.k, r.max_depth)] if len(p) else []
+            out.append(DraftProposal(tokens))
+        return out
+
+    def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         active = [r for r in requests if min(r.k, r.max_depth) > 0]
         proposals = {id(r): DraftProposal([], None) for r in requests}
         if active:

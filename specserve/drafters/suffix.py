@@ -25,9 +25,10 @@ match earns a big tree).  Each source's estimates are then **calibrated**: multi
 tokens its proposals had accepted per unit of estimate (measured per sequence, decayed, starting
 from the drafter's recent history), and the trie whose calibrated estimates sum higher wins (the
 current text's on a tie), as ArcticInference picks between its per-request and global trees by
-score.  So where the corpus holds other tasks' text (retrieval prompts: short matches everywhere,
-rarely right) its proposals lose their weight and the current text's take over, instead of the
-controller switching the whole drafter off.  At most k nodes, none below ``min_score``.
+score (the calibration only chooses; the estimates proposed are the trie's own, which the controller
+calibrates).  So where the corpus holds other tasks' text (retrieval prompts: short matches
+everywhere, rarely right) its proposals lose out to the current text's, instead of the controller
+switching the whole drafter off.  At most k nodes, none below ``min_score``.
 Deterministic proposals (one-hot q): exact under sampling.
 
 Thread safety: the corpus and index are guarded by one lock; the engine calls the drafter from one
@@ -202,7 +203,9 @@ class SuffixDrafter(Drafter):
         """The better of two tries, the current text's own matches (``ngram-tree``'s proposal) and the
         corpus's: each trie's estimates times its source's calibration (accepted tokens per unit of
         estimate, measured per sequence), and the one whose calibrated estimates sum higher (more tokens
-        expected) wins, the current text's on a tie."""
+        expected) wins, the current text's on a tie.  Its estimates go out uncalibrated: the controller
+        calibrates the drafter's confidences as a whole, and scaling them here too would count every
+        miss twice."""
         self.last.pop(seq_id, None)
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
@@ -217,7 +220,6 @@ class SuffixDrafter(Drafter):
             factor = calib[src].value
             total = factor * sum(prop.confidence or [])
             if len(prop) and (total > best_sum or not len(best)):
-                prop.confidence = [min(c * factor, 1.0) for c in prop.confidence]
                 best, best_src, best_sum = prop, src, total
         if len(best) and seq_id is not None:
             self.last[seq_id] = (best_src, calib[best_src].value)
@@ -228,8 +230,8 @@ class SuffixDrafter(Drafter):
         src_factor = self.last.pop(fb.seq_id, None)
         if src_factor is None or not len(fb.proposal) or fb.proposal.confidence is None:
             return
-        src, factor = src_factor
-        predicted = sum(fb.proposal.confidence) / max(factor, 1e-6)
+        src, _ = src_factor
+        predicted = sum(fb.proposal.confidence)
         for rate in (self.calib[fb.seq_id][src], self.history[src]):
             rate.add(len(fb.accepted), predicted)
 

