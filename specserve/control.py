@@ -5,7 +5,9 @@ The controller decides from numbers the engine gives it and calls nothing.  Term
 * **gain** of a draft node: the expected number of tokens it adds to its sequence, i.e. the
   probability that it is accepted (for a chain's d-th token: the product of the per-depth
   acceptance rates up to d; for a node with a drafter-supplied confidence: that confidence times a
-  calibration factor learnt from what was accepted).  A draft's expected accepted length is the sum
+  calibration factor learnt from what was accepted), plus the node's ``future_gain`` if the drafter
+  gives one (tokens it is expected to win in later steps, as lookahead's window nodes do; never
+  calibrated against this step's acceptance).  A draft's expected accepted length is the sum
   of its nodes' gains.
 * **rate** of a step: the expected tokens committed by the whole batch (one per sequence, plus the
   gains of every kept node) divided by the predicted seconds of its target pass.
@@ -398,6 +400,7 @@ class ThreadGovernor:
         self.ratio[threads] = ratio if old is None else (1 - w) * old + w * ratio
         known = {n: r for n, r in self.ratio.items() if r is not None}
         best = min(known, key=known.get)
-        if best != self.current and known[best] < known[self.current] * 0.9:
+        # (the current count may not be measured yet: steps that carry prompt chunks are not observed)
+        if best != self.current and self.current in known and known[best] < known[self.current] * 0.9:
             self.current = best
             self.switches += 1

@@ -190,3 +190,14 @@ def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(tar
     proposals = {0: DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0])}                 # no future gain: nothing kept
     eng.sizer.size([Slot(0, "x", AUTO, 10)], proposals, set())
     assert proposals[0].tokens == []
+
+
+def test_thread_governor_survives_the_other_count_measured_first():
+    """Steps that carry prompt chunks are not observed, so a look at the other thread count can be
+    the first measurement: the governor keeps its current count until that one is measured too."""
+    from specserve.control import ThreadGovernor
+    gov = ThreadGovernor((2, 1))
+    gov.observe(1, 0.5)
+    assert gov.current == 2
+    gov.observe(2, 1.0)
+    assert gov.current == 1                                    # both measured: the faster wins

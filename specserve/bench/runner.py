@@ -138,12 +138,13 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     for m in methods:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
-    doc["drafters"] = {m.label: llm.engine.drafters[m.label].describe() for m in methods}
     for i, (p, pid) in enumerate(zip(prompts, ids)):
         for m in (methods[j] for j in rotation(len(methods), i)):
             res = llm.engine.generate([llm.request(pid, cfg.max_tokens, cfg.sampling(i), m.label, m.k)])[0]
             records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
         _progress("every method", i + 1, len(prompts))
+    # what each drafter reports after the run (a corpus, learned rates; a calibration from start-up)
+    doc["drafters"] = {m.label: llm.engine.drafters[m.label].describe() for m in methods}
     base = records[methods[0].label]
     doc["summary"] = {}
     for m in methods:

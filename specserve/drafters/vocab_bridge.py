@@ -5,8 +5,8 @@ re-encoded with its own tokenizer, drafts in its own vocabulary, and its tokens 
 re-encoded with the target's tokenizer.  Terms:
 
 * the **context** is the sequence's target tokens (prompt + generated); the draft's view of it is
-  ``to_draft(context)``: the context's text (special tokens written out, so chat markers stay in the
-  text) encoded by the draft's tokenizer.  Re-encoded every step, it changes only near its end, so
+  ``to_draft(context)``: the context's text (without the target's special tokens, which would be
+  plain characters to the draft) encoded by the draft's tokenizer.  Re-encoded every step, it changes only near its end, so
   the draft's cache (rolled back to the longest common prefix) feeds only the changed tail.
 * ``to_target(context, drafted)`` turns drafted draft tokens into target tokens that *continue the
   context*: the context's last ``TAIL`` tokens' text plus the drafted text is encoded by the
@@ -38,8 +38,10 @@ class TextBridge:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     def to_draft(self, context: list[int]) -> list[int]:
-        """The context as the draft's tokens (never empty: the draft needs a token to continue)."""
-        ids = self._encode(self.d, self._text(self.t, context))
+        """The context's text as the draft's tokens (never empty: the draft needs a token to continue).
+        The target's special tokens (BOS, chat markers) are left out: to a draft with other ones they
+        would be plain characters."""
+        ids = self._encode(self.d, self.t.decode(context, skip_special_tokens=True, clean_up_tokenization_spaces=False))
         return ids or [self.d.bos_token_id or 0]
 
     def to_target(self, context: list[int], drafted: list[int]) -> list[int]:
