@@ -133,8 +133,9 @@ KC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
 VC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
 
 
-def run_attention(q, rows, start, t, parents=None):
-    """ss_attention over KC/VC: rows/start per row, t tokens per row, optional parents [B*T]."""
+def run_attention(q, rows, start, t, parents=None, window=0):
+    """ss_attention over KC/VC: rows/start per row, t tokens per row, optional parents [B*T] and
+    sliding window."""
     out = torch.empty_like(q)
     rows_t, start_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(start, dtype=torch.int64)
     if parents is None:
@@ -150,7 +151,7 @@ def run_attention(q, rows, start, t, parents=None):
     offsets = torch.arange(len(rows) + 1, dtype=torch.int64) * t
     nt.library().ss_attention(q.data_ptr(), KC.data_ptr(), VC.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
                               offsets.data_ptr(), pos.data_ptr(), par_ptr, len(rows), H, HKV, CAP, D, D ** -0.5,
-                              out.data_ptr())
+                              window, out.data_ptr())
     return out
 
 
@@ -187,6 +188,34 @@ def test_tree_attention_sees_prefix_and_ancestors_only_bit_for_bit():
             KC[2, :, start + i], VC[2, :, start + i] = KC[1, :, start + u], VC[1, :, start + u]
         chain = run_attention(q[path].contiguous(), [2], [start], len(path))
         assert torch.equal(chain[-1], got[t])
+
+
+@pytest.mark.parametrize("window", [1, 5, 13, 30])
+def test_sliding_window_attention_sees_the_window_only_bit_for_bit(window):
+    """A query at position p sees keys at positions p - window + 1 .. p (chains: slot = position; a
+    tree's nodes sit at their depth): against the float64 reference over those keys, and each chain
+    query alone gives the same bits as in the pass."""
+    q = torch.randn(2 * 9, H, D, generator=G)
+    got = run_attention(q, [2, 0], [20, 41], 9, window=window)
+    keys = [list(range(max(0, s + t + 1 - window), s + t + 1)) for s in (20, 41) for t in range(9)]
+    assert (got.double() - reference_attention(q, KC, VC, [2, 0], keys, H // HKV)).abs().max() < 1e-5
+    for i in range(18):
+        alone = run_attention(q[i:i + 1].contiguous(), [[2, 0][i // 9]], [[20, 41][i // 9] + i % 9], 1, window=window)
+        assert torch.equal(alone[0], got[i])
+    parents, start = [-1, 0, 0, 1, 1, 2, 4], 29
+    qt = torch.randn(7, H, D, generator=G)
+    tree = run_attention(qt, [1], [start], 7, parents, window=window)
+    depth = [0] * 7
+    for i, p in enumerate(parents):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    tkeys = []
+    for t in range(7):
+        path = [t]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        low = start + depth[t] - window + 1
+        tkeys.append([x for x in range(start) if x >= low] + [start + u for u in path if start + depth[u] >= low])
+    assert (tree.double() - reference_attention(qt, KC, VC, [1], tkeys, H // HKV)).abs().max() < 1e-5
 
 
 def test_missing_compiler_is_a_clear_refusal(monkeypatch, tmp_path):
