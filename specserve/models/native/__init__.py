@@ -1,4 +1,4 @@
-"""Native CPU kernels (``simd.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``): built on first use with the system C++ compiler, loaded
+"""Native CPU kernels (``simd.h``, ``blocks.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``): built on first use with the system C++ compiler, loaded
 with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
 
 No torch headers and no ninja are needed: the library exports plain C functions over raw pointers.
@@ -22,7 +22,7 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "linear.cpp", HERE / "layer_ops.cpp", HERE / "forward.cpp"]
-HEADERS = [HERE / "simd.h"]
+HEADERS = [HERE / "simd.h", HERE / "blocks.h"]
 FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
          "-fPIC", "-shared"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
