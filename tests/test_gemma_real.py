@@ -4,11 +4,11 @@ Q8_0 blocks; sliding-window layers), installed by ``scripts/setup.sh`` from the 
 
 Greedy identity for every drafter that can run on it (n-gram chains and trees, suffix, lookahead,
 layer skipping, the model as its own draft, SmolLM2-135M drafting through text with its other
-tokenizer, the oracle) at k = 4, and the cheap ones and the cross-tokenizer draft also under auto,
+tokenizer, the oracle) at k = 4, and lookahead and the cross-tokenizer draft also under auto,
 alone and batched: 24 tokens on 3 Spec-Bench prompts, sent as raw text (the file is the base model
 and has no chat template).  The shipped EAGLE and
 Medusa heads were trained on the default model's features and are refused here (a test says so).
-Parity: logits against transformers' own GGUF loading over 600 positions (past the 512-position
+Parity: logits against transformers' own GGUF loading over 540 positions (past the 512-position
 window).
 """
 
@@ -57,11 +57,11 @@ def test_logits_match_transformers_float32(llm):
 
     directory, gguf_file = llm.target.tokenizer_source()
     hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32).eval()
-    ids = torch.randint(0, llm.target.config.vocab_size, (1, 600), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, llm.target.config.vocab_size, (1, 540), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
     # (the torch runtime's Gemma 3 is checked against transformers on a random-weight file)
-    got = llm.target.model(ids, llm.target.model.new_cache(1, 640), [0], [0]).logits
+    got = llm.target.model(ids, llm.target.model.new_cache(1, 560), [0], [0]).logits
     # logits of magnitude ~30 over a 262k vocabulary: 1e-3 absolute is ~3e-5 relative
     assert (got - ref).abs().max().item() < 1e-3
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
@@ -72,8 +72,7 @@ DRAFTERS = {"ngram": {}, "ngram-tree": {}, "suffix": {}, "lookahead": {}, "layer
             "oracle": {"alpha": 0.5}}
 
 
-CASES = [(name, 4) for name in sorted(DRAFTERS)] + [(name, "auto") for name in
-                                                    ("ngram", "ngram-tree", "suffix", "lookahead", "smollm-draft")]
+CASES = [(name, 4) for name in sorted(DRAFTERS)] + [(name, "auto") for name in ("lookahead", "smollm-draft")]
 
 
 @pytest.mark.parametrize("name,k", CASES)
