@@ -56,12 +56,6 @@ class _Tree:
     source: list[int] = field(default_factory=list)
     index: dict[tuple[int, int], int] = field(default_factory=dict)
 
-    def depth(self, node: int) -> int:
-        d = 0
-        while node >= 0:
-            node, d = self.parents[node], d + 1
-        return d
-
     def add(self, parent: int, token: int, conf: float, source: int, future: float = 0.0) -> int:
         node = self.index.get((parent, token))
         if node is None:
@@ -194,8 +188,8 @@ class LookaheadDrafter(Drafter):
     def _measure(self, st: _State, prop: DraftProposal, paths: list[tuple[int, ...]], fb: Feedback) -> None:
         """Agreement rates of pool and window nodes, and the tokens the pool's n-grams won."""
         window_nodes = 0
-        for i, (t, p, path) in enumerate(zip(prop.tokens, prop.parent_list(), paths)):
-            src = st.sources.get(path, 0)
+        sources = [st.sources.get(path, 0) for path in paths]
+        for t, p, path, src in zip(prop.tokens, prop.parent_list(), paths, sources):
             agree = float(t == fb.predicted[p + 1])
             if src & POOL and not src & OWN:
                 self.pool_rate[min(len(path), len(self.pool_rate)) - 1].add(agree, 1.0)
@@ -203,7 +197,7 @@ class LookaheadDrafter(Drafter):
                 window_nodes += 1
                 if not src & (OWN | POOL):
                     self.window_rate.add(agree, 1.0)
-        won = sum(1 for i in fb.accepted if st.sources.get(paths[i], 0) & POOL and not st.sources.get(paths[i], 0) & OWN)
+        won = sum(1 for i in fb.accepted if sources[i] & POOL and not sources[i] & OWN)
         if window_nodes or won:
             self.window_value.add(won, window_nodes)
 

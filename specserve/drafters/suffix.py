@@ -139,7 +139,7 @@ class SuffixDrafter(Drafter):
         # of a new sequence) and each sequence's own; what the last proposal of a sequence came from
         self.history = {"own": Rate(1.0, weight=4.0, decay=0.99), "corpus": Rate(1.0, weight=4.0, decay=0.99)}
         self.calib: dict[int, dict[str, Rate]] = {}
-        self.last: dict[int, tuple[str, float]] = {}
+        self.last: dict[int, str] = {}
         if warm:
             self.warm(warm, target)
 
@@ -222,15 +222,14 @@ class SuffixDrafter(Drafter):
             if len(prop) and (total > best_sum or not len(best)):
                 best, best_src, best_sum = prop, src, total
         if len(best) and seq_id is not None:
-            self.last[seq_id] = (best_src, calib[best_src].value)
+            self.last[seq_id] = best_src
         return best
 
     def feedback(self, fb: Feedback) -> None:
         """Accepted tokens against the (uncalibrated) estimates of what was verified, per source."""
-        src_factor = self.last.pop(fb.seq_id, None)
-        if src_factor is None or not len(fb.proposal) or fb.proposal.confidence is None:
+        src = self.last.pop(fb.seq_id, None)
+        if src is None or not len(fb.proposal) or fb.proposal.confidence is None:
             return
-        src, _ = src_factor
         predicted = sum(fb.proposal.confidence)
         for rate in (self.calib[fb.seq_id][src], self.history[src]):
             rate.add(len(fb.accepted), predicted)

@@ -6,8 +6,9 @@ re-encoded with the target's tokenizer.  Terms:
 
 * the **context** is the sequence's target tokens (prompt + generated); the draft's view of it is
   ``to_draft(context)``: the context's text (without the target's special tokens, which would be
-  plain characters to the draft) encoded by the draft's tokenizer.  Re-encoded every step, it changes only near its end, so
-  the draft's cache (rolled back to the longest common prefix) feeds only the changed tail.
+  plain characters to the draft) encoded by the draft's tokenizer.  Re-encoded every step, it
+  changes only near its end, so the draft's cache (rolled back to the longest common prefix) feeds
+  only the changed tail.
 * ``to_target(context, drafted)`` turns drafted draft tokens into target tokens that *continue the
   context*: the context's last ``TAIL`` tokens' text plus the drafted text is encoded by the
   target's tokenizer; when that encoding starts with those same ``TAIL`` tokens (the boundary

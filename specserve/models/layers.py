@@ -114,6 +114,18 @@ def rope_tables(inv_freq: Tensor, length: int) -> tuple[Tensor, Tensor]:
     return emb.cos(), emb.sin()
 
 
+def rope_tables_by_base(cfg, length: int) -> dict[float, tuple[Tensor, Tensor]]:
+    """Contiguous (cos, sin) tables [length, head_dim] for every rotary base ``cfg`` (a ModelConfig)
+    uses in some layer (Gemma 3: one for its windowed layers, one for the global ones).  The
+    configured scaling applies to the base ``rope_theta`` only."""
+    tables: dict[float, tuple[Tensor, Tensor]] = {}
+    for theta in sorted({cfg.layer_rope_theta(i) for i in range(cfg.num_layers)}):
+        scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
+        cos, sin = rope_tables(rope_inv_freq(cfg.head_dim, theta, scaling), length)
+        tables[theta] = (cos.contiguous(), sin.contiguous())
+    return tables
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
     half = x.shape[-1] // 2

@@ -21,8 +21,8 @@ from specserve.models.decoder import (ForwardOutput, Layout, PartTimer, ancestor
                                       tree_depths)
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS, Linear, RMSNorm, apply_rope,
-                                     invariant_attention, invariant_attention_bias, rope_inv_freq,
-                                     rope_tables, sdpa_attention, virtual_key_slots)
+                                     invariant_attention, invariant_attention_bias, rope_tables_by_base,
+                                     sdpa_attention, virtual_key_slots)
 
 SOLO_TOKENS = 64      # a ragged pass's sequences longer than this (prompt chunks) run unpadded, alone
 
@@ -167,11 +167,7 @@ class Transformer(nn.Module):
         if attention == "invariant" and any(b.window for b in self.layers):
             raise ValueError("attention=invariant has no sliding-window layers (Gemma 3): use kernels=native, "
                              "or attention=sdpa")
-        self.rope: dict[float, tuple[Tensor, Tensor]] = {}                    # rotary tables per base
-        for theta in {b.theta for b in self.layers}:
-            scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
-            self.rope[theta] = rope_tables(rope_inv_freq(cfg.head_dim, theta, scaling),
-                                           cfg.max_position_embeddings + 2 * KEY_BLOCK)
+        self.rope = rope_tables_by_base(cfg, cfg.max_position_embeddings + 2 * KEY_BLOCK)  # per rotary base
 
     @property
     def dtype(self) -> torch.dtype:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import ForwardOutput, Layout, PartTimer
 from specserve.models.kv_cache import KVCache
-from specserve.models.layers import KEY_BLOCK, rope_inv_freq, rope_tables
+from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native import MAX_TREE_TOKENS, Q4_0, Q5_0, NativeWeight, library, linear
 
 MAX_HEAD_DIM = 256
@@ -91,15 +91,10 @@ class NativeTransformer(nn.Module):
         self.layers = [_Layer(cfg, sd, i) for i in range(cfg.num_layers)]
         self.norm = _f32(sd["model.norm.weight"])
         self.lm_head = self.embed if cfg.tie_word_embeddings else as_native(sd["lm_head.weight"])
-        tables: dict[float, tuple[Tensor, Tensor]] = {}
-        for i, layer in enumerate(self.layers):         # one pair of rotary tables per base
-            theta = cfg.layer_rope_theta(i)
-            if theta not in tables:
-                scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
-                cos, sin = rope_tables(rope_inv_freq(cfg.head_dim, theta, scaling), cfg.max_position_embeddings + 2 * KEY_BLOCK)
-                tables[theta] = (cos.contiguous(), sin.contiguous())
-            layer.cos, layer.sin = tables[theta]
-        self.positions = next(iter(tables.values()))[0].shape[0]
+        self.positions = cfg.max_position_embeddings + 2 * KEY_BLOCK
+        tables = rope_tables_by_base(cfg, self.positions)       # one pair per rotary base, shared by its layers
+        for i, layer in enumerate(self.layers):
+            layer.cos, layer.sin = tables[cfg.layer_rope_theta(i)]
         self.set_timer(None)
         self._weights = self._table()
 
