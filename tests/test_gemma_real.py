@@ -5,9 +5,9 @@ Q8_0 blocks; sliding-window layers), installed by ``scripts/setup.sh`` from the 
 Greedy identity for every drafter that can run on it (n-gram chains and trees, suffix, lookahead,
 layer skipping, the model as its own draft, SmolLM2-135M drafting through text with its other
 tokenizer, the oracle) at k = 4, and lookahead and the cross-tokenizer draft also under auto,
-alone and batched: 24 tokens on 3 Spec-Bench prompts, sent as raw text (the file is the base model
-and has no chat template).  The shipped EAGLE and
-Medusa heads were trained on the default model's features and are refused here (a test says so).
+alone and batched: 16 tokens on 2 Spec-Bench prompts (translation, qa), sent as raw text (the file
+is the base model and has no chat template).  The shipped EAGLE and Medusa heads were trained on
+the default model's features and are refused here (a test says so).
 Parity: logits against transformers' own GGUF loading over 540 positions (past the 512-position
 window).
 """
@@ -24,7 +24,7 @@ from specserve.models import load_model
 from specserve.models import native as nt
 
 pytestmark = pytest.mark.slow
-N_TOKENS = 24
+N_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def llm():
 @pytest.fixture(scope="module")
 def prompts(llm):
     ps = load_jsonl()
-    chosen = [next(p for p in ps if p.group == g) for g in ("mt_bench", "translation", "qa")]
+    chosen = [next(p for p in ps if p.group == g) for g in ("translation", "qa")]
     return [llm.encode(p.text, raw=True) for p in chosen]
 
 
