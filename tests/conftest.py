@@ -50,14 +50,41 @@ def tiny_config(vocab: int = 64, layers: int = 2, arch: str = "llama", **kw) -> 
     return ModelConfig(**base)
 
 
+def quantized(sd: dict[str, torch.Tensor], fmt: int = 3, embed_fmt: int = 2) -> dict:
+    """The same weights as GGUF blocks, as a quantized GGUF file holds them: every linear layer in
+    ``fmt`` (default Q4_1), the embedding and LM head in ``embed_fmt`` (default Q8_0), norms in fp32."""
+    import gguf
+    from gguf import quants
+
+    from specserve.models import native as nt
+
+    types = {nt.Q8_0: gguf.GGMLQuantizationType.Q8_0, nt.Q4_1: gguf.GGMLQuantizationType.Q4_1,
+             nt.Q4_0: gguf.GGMLQuantizationType.Q4_0, nt.Q5_0: gguf.GGMLQuantizationType.Q5_0,
+             nt.Q5_1: gguf.GGMLQuantizationType.Q5_1}
+    out = {}
+    for name, w in sd.items():
+        f = embed_fmt if ("embed" in name or "lm_head" in name) else fmt
+        if w.dim() == 2 and not name.endswith("bias"):
+            blocks = quants.quantize(w.numpy(), types[f])
+            out[name] = nt.NativeWeight(torch.from_numpy(blocks), f, tuple(w.shape))
+        else:
+            out[name] = w
+    return out
+
+
 def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", scale: float = 0.5,
-               sd: dict | None = None, **kw) -> LoadedModel:
-    """A LoadedModel around random weights (no files); ``path`` is a unique label."""
+               sd: dict | None = None, activations: str = "auto", **kw) -> LoadedModel:
+    """A LoadedModel around random weights (no files); ``path`` is a unique label.  kernels
+    ``native-int8``: the native runtime over the weights quantized as a GGUF file holds them
+    (``quantized``: Q4_1 layers, Q8_0 embedding), with int8 activations."""
     cfg = tiny_config(**kw)
     sd = sd if sd is not None else tiny_state_dict(cfg, seed, scale)
-    opts = RuntimeOptions("float32", "cpu", kernels, attention).resolve()
+    if kernels == "native-int8":
+        kernels, activations, sd = "native", "int8", quantized(sd)
+    opts = RuntimeOptions("float32", "cpu", kernels, attention, activations).resolve()
     model = build_model(cfg, sd, opts)
-    return LoadedModel(model=model, config=cfg, path=f"<tiny seed={seed} scale={scale}>", options=opts)
+    label = f"<tiny seed={seed} scale={scale} activations={getattr(model, 'activations', 'f32')}>"
+    return LoadedModel(model=model, config=cfg, path=label, options=opts)
 
 
 _HEADS: dict = {}

@@ -12,9 +12,10 @@ from specserve.sampling import SamplingParams
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7], [10, 20, 30, 40, 50, 60, 10, 20] * 3, [5], [9, 8, 7, 6, 5, 4]]
 
 
-@pytest.fixture(scope="module", params=["native", "fbgemm"])
+@pytest.fixture(scope="module", params=["native", "native-int8", "fbgemm"])
 def target(request):
-    """Every engine test runs on both batch-invariant runtimes."""
+    """Every engine test runs on the batch-invariant runtimes: native with fp32 and with int8
+    activations (over Q4_1 / Q8_0 blocks), and fbgemm."""
     return tiny_model(seed=21, vocab=64, layers=2, kernels=request.param)
 
 

@@ -109,10 +109,11 @@ def test_auto_picks_native_and_never_rewrites_an_explicit_choice():
     assert RuntimeOptions(attention="sdpa").resolve().kernels == "fbgemm"
 
 
-@pytest.mark.parametrize("kernels", ["native", "fbgemm"])
+@pytest.mark.parametrize("kernels", ["native", "native-int8", "fbgemm"])
 def test_batch_invariant_runtime(kernels):
-    """native, and fbgemm + invariant attention: the logits of a token are bit-identical whether it
-    is scored in a 1-token pass, in a (k+1)-token verification pass, or next to other sequences."""
+    """native (fp32 and int8 activations), and fbgemm + invariant attention: the logits of a token
+    are bit-identical whether it is scored in a 1-token pass, in a (k+1)-token verification pass, or
+    next to other sequences."""
     lm = tiny_model(seed=3, vocab=64, layers=2, kernels=kernels)
     assert lm.options.batch_invariant
     g = torch.Generator().manual_seed(0)
@@ -132,7 +133,7 @@ def test_batch_invariant_runtime(kernels):
     out = m(batch, c2, [2, 1], [70, 130]).logits
     for i in range(9):
         assert torch.equal(out[0, i], ref[i])
-    if kernels == "native":
+    if kernels.startswith("native"):
         # a prompt prefilled whole, in chunks of any sizes, or one token at a time (beside another
         # sequence's pass) leaves the same cache bits and gives the same logits
         whole_cache = m.new_cache(2, 256)
@@ -151,13 +152,13 @@ def test_batch_invariant_runtime(kernels):
 
 
 def test_logits_for_picks_rows_with_the_same_bits():
-    for kernels in ("native", "fbgemm"):
+    for kernels in ("native", "native-int8", "fbgemm"):
         m = tiny_model(seed=5, vocab=64, kernels=kernels).model
         toks = torch.randint(0, 64, (100,), generator=torch.Generator().manual_seed(1))
         full = m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10]).logits
         some = m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10], logits_for=[89, 99, 3]).logits
         assert some.shape == (3, 64)
-        assert torch.equal(some, full[[89, 99, 3]]) if kernels == "native" else torch.allclose(some, full[[89, 99, 3]])
+        assert torch.equal(some, full[[89, 99, 3]]) if kernels.startswith("native") else torch.allclose(some, full[[89, 99, 3]])
         with pytest.raises(ValueError, match="logits_for"):
             m(toks, m.new_cache(2, 256), [0, 1], [0, 0], lengths=[90, 10], logits_for=[100])
 
@@ -199,7 +200,7 @@ def _paths(parents: list[int]) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "native-int8", "fbgemm", "torch"])
 def test_tree_pass_equals_chain_pass_and_decoding(kernels):
     """Random trees of up to 33 tokens, two rows with unaligned prefixes in one pass: every node's
     logits equal those of its root-to-node path fed as a chain, and of one-token decoding steps,
@@ -289,7 +290,7 @@ def test_runtimes_implement_the_decoder_protocol_and_timer_hook(kernels):
     assert dict(timer.seconds) == before
 
 
-@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "native-int8", "fbgemm", "torch"])
 def test_ragged_pass_equals_separate_passes(kernels):
     """One ragged pass over three sequences of 1, 5 and 3 tokens (the last a tree) gives each token
     the logits and features of its own sequence's pass: bit for bit on native and fbgemm."""

@@ -43,11 +43,17 @@ class RuntimeOptions:
       ``attention=invariant``.  ``torch``: plain torch ops (Hugging Face numerics; not invariant).
     ``auto`` picks native on an x86-64 CPU with AVX2/FMA/F16C and a C++ compiler, else fbgemm on
     CPU, else torch.
+    activations (native kernels only):
+      ``int8``: each linear layer's input quantized to int8 blocks of 32 against its weight blocks
+      repacked for integer dot products (as llama.cpp does; batch-invariant, the same bits on every
+      instruction set).  ``f32``: fp32 activations against exactly dequantized weights (Hugging Face
+      numerics within 1e-4).  ``auto``: int8 where the weights are GGUF blocks, else f32.
     """
     dtype: str = "float32"
     device: str = "cpu"
     kernels: str = "auto"       # auto | native | torch | fbgemm
     attention: str = "auto"     # auto | native | sdpa | invariant
+    activations: str = "auto"   # auto | int8 | f32 (native kernels)
 
     def resolve(self) -> "RuntimeOptions":
         """Fill in ``auto`` and refuse impossible combinations, with the reason."""
@@ -60,6 +66,8 @@ class RuntimeOptions:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecserveError(f"unknown device {self.device!r}; use cpu or cuda[:N]")
         kernels, attention = self.kernels, self.attention
+        if self.activations not in ("auto", "int8", "f32"):
+            raise SpecserveError(f"unknown activations {self.activations!r}; choose from auto, int8, f32")
         on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
         if kernels == "auto":
             if on_cpu_fp32 and attention in ("auto", "native") and native.unavailable_reason() is None:
@@ -77,12 +85,14 @@ class RuntimeOptions:
             if attention not in ("auto", "native"):
                 raise SpecserveError(f"kernels=native has its own attention; attention={attention!r} needs "
                                      "kernels=torch or fbgemm")
-            return RuntimeOptions(self.dtype, self.device, "native", "native")
+            return RuntimeOptions(self.dtype, self.device, "native", "native", self.activations)
         if kernels == "fbgemm":
             if not on_cpu_fp32:
                 raise SpecserveError("kernels=fbgemm needs device=cpu and dtype=float32 (fp16 weights, fp32 activations)")
             if not fbgemm_available():
                 raise SpecserveError("kernels=fbgemm requested but this torch build has no FBGEMM fp16 GEMM")
+        if self.activations == "int8":
+            raise SpecserveError(f"activations=int8 needs kernels=native (kernels={kernels} keeps float activations)")
         if attention == "auto":
             attention = "invariant" if kernels == "fbgemm" else "sdpa"
         if attention == "native":
@@ -190,7 +200,7 @@ def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> Decoder:
     dtype = DTYPES[opts.dtype]
     sd = {k: v if isinstance(v, NativeWeight) else v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}
     if opts.kernels == "native":
-        return NativeTransformer(cfg, sd)
+        return NativeTransformer(cfg, sd, activations=opts.activations)
     if any(isinstance(v, NativeWeight) for v in sd.values()):
         sd = {k: v.dequantize() if isinstance(v, NativeWeight) else v for k, v in sd.items()}
     model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)

@@ -21,12 +21,17 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear.cpp", HERE / "layer_ops.cpp", HERE / "forward.cpp"]
-HEADERS = [HERE / "simd.h", HERE / "blocks.h"]
-FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp",
-         "-fPIC", "-shared"]
+# Each source with the instruction sets it is compiled for: the base set everywhere, and the int8
+# kernels' VNNI paths (q8.h) in files of their own, called only where the CPU has them.
+BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
+SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
+           HERE / "q8.cpp": BASE_ISA,
+           HERE / "q8_vnni512.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+           HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
+HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_entry.h"]
+FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 8
+ABI_VERSION = 9
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -81,17 +86,25 @@ def library() -> ctypes.CDLL:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from None
-    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    text = b"".join(p.read_bytes() + " ".join(isa).encode() for p, isa in SOURCES.items())
+    text += b"".join(p.read_bytes() for p in HEADERS)
     key = hashlib.sha256(text + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     target = cache_dir() / f"specserve_kernels_{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            cmd = [cxx, *FLAGS, f"-I{HERE}", *map(str, SOURCES), "-o", str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            jobs = [(subprocess.Popen([cxx, *FLAGS, *isa, f"-I{HERE}", "-c", str(src), "-o", f"{tmp}/{src.stem}.o"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src)
+                    for src, isa in SOURCES.items()]
+            for proc, src in jobs:
+                _, err = proc.communicate()
+                if proc.returncode != 0:
+                    raise RuntimeError(f"building the native kernels failed ({src.name}): {err.strip()[-2000:]}")
+            proc = subprocess.run([cxx, "-fopenmp", "-shared", *(f"{tmp}/{src.stem}.o" for src in SOURCES),
+                                   "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"building the native kernels failed: {proc.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"linking the native kernels failed: {proc.stderr.strip()[-2000:]}")
             os.replace(out, target)                       # atomic: concurrent builders are harmless
     lib = ctypes.CDLL(str(target))
     if lib.ss_abi_version() != ABI_VERSION:
@@ -112,6 +125,13 @@ def library() -> ctypes.CDLL:
         "ss_default_threads": ([], i32),
         "ss_release_threads": ([], i32),
         "ss_fma_peak": ([i64, p], ctypes.c_double),
+        "ss_int8_peak": ([i64, p], ctypes.c_double),
+        "ss_q8_path_runs": ([i32], i32),
+        "ss_q8_set_path": ([i32], i32),
+        "ss_q8_path": ([], i32),
+        "ss_packed_bytes": ([i32, i64, i64], i64),
+        "ss_pack": ([p, i32, i64, i64, p], None),
+        "ss_quantize_rows": ([p, i64, i64, p, p, p, p], None),
         "ss_layer_fields": ([], i32),
         "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, f32, p,
                         p, p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, i64, p, p], None),

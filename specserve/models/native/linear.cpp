@@ -149,7 +149,11 @@ using namespace ss;
 
 extern "C" {
 
-int ss_abi_version() { return 8; }
+void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pfmt, int64_t N, const float* bias,
+                  float* y, int accumulate);
+void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt, int64_t K, float* out);
+
+int ss_abi_version() { return 9; }
 
 // Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
 // multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32
@@ -205,6 +209,10 @@ int64_t ss_row_bytes(int fmt, int64_t K) {
 // x: [M, K] fp32; w: [N, row_bytes(fmt, K)]; bias: [N] or null; y: [M, N] (read when accumulate).
 void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias,
                float* y, int accumulate) {
+  if (fmt >= PACKED) {            // weights packed for int8 activations (q8.cpp)
+    ss_q8_linear(x, M, K, w, fmt, N, bias, y, accumulate);
+    return;
+  }
   switch (fmt) {
     case F32: linear_impl<F32>(x, M, K, w, N, bias, y, accumulate); break;
     case F16: linear_impl<F16>(x, M, K, w, N, bias, y, accumulate); break;
@@ -222,6 +230,10 @@ void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, 
 
 // Gather and dequantize rows: tokens [n] int64 -> out [n, K] fp32.
 void ss_embed(const int64_t* tokens, int64_t n, const uint8_t* w, int fmt, int64_t K, float* out) {
+  if (fmt >= PACKED) {
+    ss_packed_rows(tokens, n, w, fmt, K, out);
+    return;
+  }
   const int64_t rb = ss_row_bytes(fmt, K);
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* row = w + tokens[i] * rb;

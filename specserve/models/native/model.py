@@ -23,6 +23,7 @@ from specserve.models.decoder import ForwardOutput, Layout, PartTimer
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native import MAX_TREE_TOKENS, Q4_0, Q5_0, NativeWeight, library, linear
+from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable
 
 MAX_HEAD_DIM = 256
 
@@ -70,6 +71,13 @@ class _Layer:
     def weights(self) -> list[NativeWeight]:
         return [self.qkv, self.o, self.gate_up, self.down]
 
+    def pack(self) -> None:
+        """Repack every block weight for int8 activations (float weights keep float math)."""
+        for name in ("qkv", "o", "gate_up", "down"):
+            w = getattr(self, name)
+            if packable(w):
+                setattr(self, name, PackedWeight.pack(w))
+
 
 class NativeTransformer(nn.Module):
     """A Llama-family decoder on the native kernels.  ``sd`` uses Hugging Face parameter names;
@@ -79,8 +87,10 @@ class NativeTransformer(nn.Module):
     attention = "native"
     invariant_tokens = 1 << 30        # every kernel is invariant, whatever the pass holds
 
-    def __init__(self, cfg: ModelConfig, sd: dict):
+    def __init__(self, cfg: ModelConfig, sd: dict, activations: str = "auto"):
         super().__init__()
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"unknown activations {activations!r}; choose from {', '.join(ACTIVATIONS)}")
         if cfg.head_dim % 8 or cfg.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"native kernels need head_dim a multiple of 8 and <= {MAX_HEAD_DIM}, got {cfg.head_dim}")
         if cfg.hidden_size % 8 or cfg.intermediate_size % 8:
@@ -91,6 +101,7 @@ class NativeTransformer(nn.Module):
         self.layers = [_Layer(cfg, sd, i) for i in range(cfg.num_layers)]
         self.norm = _f32(sd["model.norm.weight"])
         self.lm_head = self.embed if cfg.tie_word_embeddings else as_native(sd["lm_head.weight"])
+        self.activations = self._set_activations(activations)
         self.positions = cfg.max_position_embeddings + 2 * KEY_BLOCK
         tables = rope_tables_by_base(cfg, self.positions)       # one pair per rotary base, shared by its layers
         for i, layer in enumerate(self.layers):
@@ -110,6 +121,23 @@ class NativeTransformer(nn.Module):
         if len(table[0]) != self.lib.ss_layer_fields():
             raise RuntimeError("native kernel library and model.py disagree on the layer table")
         return torch.tensor(table, dtype=torch.int64)
+
+    def _set_activations(self, activations: str) -> str:
+        """Pack the block weights for int8 activations unless ``f32`` was asked for; ``int8`` on a
+        model with no block weights is refused (nothing would change)."""
+        blocks = [w for layer in self.layers for w in layer.weights() if packable(w)]
+        if activations == "f32" or (activations == "auto" and not blocks):
+            return "f32"
+        if not blocks:
+            raise ValueError("activations=int8 needs quantized (GGUF block) weights; this model's are float")
+        for layer in self.layers:
+            layer.pack()
+        tied = self.lm_head is self.embed
+        if packable(self.lm_head):
+            self.lm_head = PackedWeight.pack(self.lm_head)
+            if tied:              # the packed rows read back exactly: one copy serves both
+                self.embed = self.lm_head
+        return "int8"
 
     def layer_subset(self, keep: list[int]) -> "NativeTransformer":
         """A decoder that runs only layers ``keep`` (in order) of this one, sharing every weight."""

@@ -1,0 +1,100 @@
+"""Weights packed for int8 activations (``q8.h``), and the choice of instruction-set path.
+
+``activations=int8`` (the default for GGUF blocks): each linear layer quantizes its input rows once,
+in blocks of 32 int8 values with an fp32 scale, and takes integer dot products against its weight
+repacked at load into groups of 8 output rows.  The integer block sums are exact, and the floats
+that combine them run in one order per output element, so the bits do not depend on the batch,
+the thread count or the instruction set (AVX2 always; AVX512-VNNI or AVX-VNNI where the CPU has
+them).  ``activations=f32`` keeps fp32 activations against exactly dequantized weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.models.native import FORMAT_NAMES, NativeWeight, library
+
+PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
+PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2}
+ACTIVATIONS = ("auto", "int8", "f32")
+
+
+class PackedWeight:
+    """A GGUF block weight [out, in] repacked for the int8 kernels (uint8 data, ``fmt`` = PACKED + source)."""
+
+    def __init__(self, data: torch.Tensor, fmt: int, shape: tuple[int, int]):
+        self.data, self.fmt, self.shape = data, fmt, shape
+
+    @classmethod
+    def pack(cls, w: NativeWeight) -> "PackedWeight":
+        n, k = w.shape
+        size = int(library().ss_packed_bytes(w.fmt, n, k))
+        if size < 0:
+            raise ValueError(f"{FORMAT_NAMES[w.fmt]} weights have no int8 kernels (float weights keep float math)")
+        out = torch.empty(size, dtype=torch.uint8)
+        library().ss_pack(w.data.data_ptr(), w.fmt, n, k, out.data_ptr())
+        return cls(out, PACKED + w.fmt, (n, k))
+
+    @property
+    def source_fmt(self) -> int:
+        return self.fmt - PACKED
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 values of the blocks it was packed from: [out, in]."""
+        n, k = self.shape
+        out, idx = torch.empty(n, k), torch.arange(n)
+        library().ss_embed(idx.data_ptr(), n, self.data.data_ptr(), self.fmt, k, out.data_ptr())
+        return out
+
+
+def packable(w) -> bool:
+    return isinstance(w, NativeWeight) and int(library().ss_packed_bytes(w.fmt, 8, 256)) > 0
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] int8, d [M, K/32], sx [M, K/32], hs [M, K/32, 2] int32): the activations
+    as the int8 kernels see them (q = round(x * 127 / amax) per block of 32, d = amax / 127,
+    sx = d * sum q, hs = the sums of q over each block's two halves)."""
+    m, k = x.shape
+    x = x.contiguous()
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, sx = torch.empty(m, k // 32), torch.empty(m, k // 32)
+    hs = torch.empty(m, k // 32, 2, dtype=torch.int32)
+    library().ss_quantize_rows(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), sx.data_ptr(), hs.data_ptr())
+    return q, d, sx, hs
+
+
+def path_runs(name: str) -> bool:
+    """Whether this CPU runs the int8 path ``name`` (one of PATHS)."""
+    return bool(library().ss_q8_path_runs(PATHS[name]))
+
+
+def set_path(name: str | None) -> str:
+    """Use the int8 path ``name`` for later passes (None: the best this CPU runs); returns the one in
+    use.  Paths give the same bits; this only changes speed."""
+    code = library().ss_q8_set_path(-1 if name is None else PATHS[name])
+    if code < 0:
+        raise ValueError(f"this CPU cannot run the int8 path {name!r}")
+    return current_path()
+
+
+def current_path() -> str:
+    code = int(library().ss_q8_path())
+    return next(k for k, v in PATHS.items() if v == code)
+
+
+def int8_peak(seconds: float = 0.3) -> float:
+    """The int8 multiply-add ceiling of the path in use on every core, in multiply-adds/s."""
+    lib = library()
+    threads = lib.ss_set_threads(0)
+    sink = torch.zeros(max(threads, 1) * 4, dtype=torch.int32)
+    iters = 1 << 14
+    while True:
+        t = lib.ss_int8_peak(iters, sink.data_ptr())
+        if t >= seconds or iters > 1 << 32:
+            return threads * iters * 12 * 32 / t
+        iters *= 2

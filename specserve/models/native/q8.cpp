@@ -1,0 +1,312 @@
+// Int8 activations (see q8.h): quantizing activation rows, repacking GGUF weight blocks into the
+// packed layout, reading packed rows back exactly, and choosing the instruction-set path at run time.
+// The AVX2 path is compiled here; the VNNI paths in q8_vnni512.cpp and q8_avxvnni.cpp.
+
+#define SS_Q8_PATH 0
+#define SS_Q8_ENTRY ss_q8_linear_avx2
+#define SS_Q8_PEAK ss_q8_peak_avx2
+#include "q8_entry.h"
+
+#include <cmath>
+
+#include "simd.h"
+
+extern "C" {
+void ss_q8_linear_vnni512(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+void ss_q8_linear_avxvnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+double ss_q8_peak_vnni512(int64_t, int, int32_t*);
+double ss_q8_peak_avxvnni(int64_t, int, int32_t*);
+int64_t ss_row_bytes(int fmt, int64_t K);
+}
+
+namespace ss {
+namespace {
+
+// Paths: 0 AVX2 (always), 1 AVX512-VNNI, 2 AVX-VNNI.
+bool path_runs(int p) {
+  __builtin_cpu_init();
+  switch (p) {
+    case 0: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case 1: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512bw");
+    case 2: return __builtin_cpu_supports("avxvnni");
+    default: return false;
+  }
+}
+
+int best_path() { return path_runs(1) ? 1 : path_runs(2) ? 2 : 0; }
+int g_path = -1;   // -1: not chosen yet (the best the CPU runs)
+
+struct Traits { int bits, bias; bool f16, min, halves; };
+bool traits(int fmt, Traits* t) {
+  switch (fmt) {
+    case Q8_0: *t = {8, 128, true, false, false}; return true;
+    case Q5_0: *t = {8, 16, true, false, false}; return true;
+    case Q5_1: *t = {8, 0, true, true, false}; return true;
+    case Q5_K: *t = {8, 0, false, true, false}; return true;
+    case Q6_K: *t = {8, 32, false, false, true}; return true;
+    case Q4_0: *t = {4, 8, true, false, false}; return true;
+    case Q4_1: *t = {4, 0, true, true, false}; return true;
+    case Q4_K: *t = {4, 0, false, true, false}; return true;
+    default: return false;
+  }
+}
+int64_t block_bytes_of(const Traits& t) {
+  return (t.bits == 8 ? 256 : 128) + (t.f16 ? 16 : 32) * (t.min ? 2 : 1) + (t.halves ? 16 : 0);
+}
+
+// One 32-element block (index j) of a GGUF row, as the packed layout stores it: value bytes u
+// (w = dw * (u - bias) + mw), the scale and offset (fp16 bits where the format stores fp16, else
+// fp32), and Q6_K's two half scales.
+struct Unpacked {
+  uint8_t u[32];
+  float dw, mw;
+  uint16_t dw16, mw16;
+  int8_t sc[2];
+};
+
+void kscale6(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
+  auto f16bits = [](const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return h; };
+  auto nib = [](const uint8_t* qs, int l) { return l < 16 ? qs[l] & 15 : qs[l - 16] >> 4; };
+  switch (fmt) {
+    case Q8_0: {
+      const uint8_t* p = row + j * 34;
+      o->dw16 = f16bits(p);
+      for (int l = 0; l < 32; ++l) o->u[l] = static_cast<uint8_t>(p[2 + l] ^ 0x80);
+      break;
+    }
+    case Q4_0: case Q4_1: {
+      const int bytes = fmt == Q4_0 ? 18 : 20, qoff = fmt == Q4_0 ? 2 : 4;
+      const uint8_t* p = row + j * bytes;
+      o->dw16 = f16bits(p);
+      if (fmt == Q4_1) o->mw16 = f16bits(p + 2);
+      for (int l = 0; l < 32; ++l) o->u[l] = static_cast<uint8_t>(nib(p + qoff, l));
+      break;
+    }
+    case Q5_0: case Q5_1: {
+      const int bytes = fmt == Q5_0 ? 22 : 24, hoff = fmt == Q5_0 ? 2 : 4;
+      const uint8_t* p = row + j * bytes;
+      o->dw16 = f16bits(p);
+      if (fmt == Q5_1) o->mw16 = f16bits(p + 2);
+      uint32_t qh;
+      std::memcpy(&qh, p + hoff, 4);
+      for (int l = 0; l < 32; ++l) o->u[l] = static_cast<uint8_t>(nib(p + hoff + 4, l) | ((qh >> l) & 1) << 4);
+      break;
+    }
+    case Q4_K: case Q5_K: {
+      const bool five = fmt == Q5_K;
+      const uint8_t* p = row + (j / 8) * (five ? 176 : 144);
+      const int s = static_cast<int>(j % 8);
+      int sc, mn;
+      kscale6(p + 4, s, &sc, &mn);
+      o->dw = h2f(p) * static_cast<float>(sc);
+      o->mw = -(h2f(p + 2) * static_cast<float>(mn));
+      const uint8_t* qs = p + (five ? 48 : 16) + 32 * (s / 2);
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[l] >> (4 * (s & 1))) & 15;
+        if (five) q |= ((p[16 + l] >> s) & 1) << 4;
+        o->u[l] = static_cast<uint8_t>(q);
+      }
+      break;
+    }
+    case Q6_K: {
+      const uint8_t* p = row + (j / 8) * 210;
+      const int s = static_cast<int>(j % 8), h = s / 4, g = s % 4;
+      const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
+      o->dw = h2f(p + 208);
+      o->sc[0] = scales[8 * h + 2 * g];
+      o->sc[1] = scales[8 * h + 2 * g + 1];
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (ql[32 * (g & 1) + l] >> (g < 2 ? 0 : 4)) & 15, hi = (qh[l] >> (2 * g)) & 3;
+        o->u[l] = static_cast<uint8_t>(lo | hi << 4);
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+// The exact value of element l of an unpacked block, as gguf's reference dequantizer computes it.
+float value(int fmt, const Traits& t, const uint8_t* blk, int r, int l) {
+  const int vb = t.bits == 8 ? 256 : 128, sb = t.f16 ? 16 : 32;
+  int u;
+  if (t.bits == 8) {
+    u = blk[32 * (l / 4) + 4 * r + l % 4];
+  } else {
+    const int s = l < 16 ? l / 4 : (l - 16) / 4;
+    const uint8_t byte = blk[32 * s + 4 * r + l % 4];
+    u = l < 16 ? byte & 15 : byte >> 4;
+  }
+  const float dw = t.f16 ? h2f(blk + vb + 2 * r) : reinterpret_cast<const float*>(blk + vb)[r];
+  if (t.min) {
+    const float mw = t.f16 ? h2f(blk + vb + sb + 2 * r) : reinterpret_cast<const float*>(blk + vb + sb)[r];
+    return std::fma(dw, static_cast<float>(u), mw);
+  }
+  if (t.halves) {
+    const int8_t sc = reinterpret_cast<const int8_t*>(blk + vb + sb)[8 * (l / 16) + r];
+    return (dw * static_cast<float>(sc)) * static_cast<float>(u - t.bias);
+  }
+  (void)fmt;
+  return dw * static_cast<float>(u - t.bias);
+}
+
+// Row m of x [M, K] as int8 blocks of 32: q = round(x * 127 / amax), d = amax / 127.
+void quantize_row(const float* x, int64_t K, int8_t* q, float* d, float* sx, int32_t* hs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      v[c] = _mm256_loadu_ps(xb + 8 * c);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[c]));
+    }
+    const float amax = hmax(m);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    __m256i qi[4];
+    for (int c = 0; c < 4; ++c) qi[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], _mm256_set1_ps(id)));
+    // int32 -> int8 keeping element order (packs interleave the 128-bit lanes; the permute undoes it)
+    const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), p8);
+    int32_t s0 = 0, s1 = 0;
+    for (int l = 0; l < 16; ++l) s0 += q[32 * b + l];
+    for (int l = 16; l < 32; ++l) s1 += q[32 * b + l];
+    d[b] = amax / 127.0f;
+    hs[2 * b] = s0;
+    hs[2 * b + 1] = s1;
+    sx[b] = d[b] * static_cast<float>(s0 + s1);
+  }
+}
+
+}  // namespace
+}  // namespace ss
+
+using namespace ss;
+
+extern "C" {
+
+// Whether path p (0 AVX2, 1 AVX512-VNNI, 2 AVX-VNNI) runs on this CPU.
+int ss_q8_path_runs(int p) { return path_runs(p) ? 1 : 0; }
+
+// Use path p for later int8 products (-1: the best this CPU runs); returns the path now in use, or
+// -1 (and changes nothing) when this CPU cannot run p.
+int ss_q8_set_path(int p) {
+  if (p < 0) p = best_path();
+  if (!path_runs(p)) return -1;
+  g_path = p;
+  return p;
+}
+
+int ss_q8_path() { return g_path < 0 ? best_path() : g_path; }
+
+// The int8 multiply-add ceiling of the path in use (see SS_Q8_PEAK): seconds for `iters` rounds.
+double ss_int8_peak(int64_t iters, int32_t* sink) {
+  switch (ss_q8_path()) {
+    case 1: return ss_q8_peak_vnni512(iters, threads(), sink);
+    case 2: return ss_q8_peak_avxvnni(iters, threads(), sink);
+    default: return ss_q8_peak_avx2(iters, threads(), sink);
+  }
+}
+
+// Bytes of the packed form of an [N, K] weight of GGUF format fmt (-1: not packable).
+int64_t ss_packed_bytes(int fmt, int64_t N, int64_t K) {
+  Traits t;
+  if (!traits(fmt, &t) || K % 32) return -1;
+  return (N + 7) / 8 * (K / 32) * block_bytes_of(t);
+}
+
+// w: [N, row_bytes(fmt, K)] GGUF blocks -> out: ss_packed_bytes(fmt, N, K) bytes (see q8.h).
+void ss_pack(const uint8_t* w, int fmt, int64_t N, int64_t K, uint8_t* out) {
+  Traits t;
+  if (!traits(fmt, &t)) return;
+  const int64_t rb = ss_row_bytes(fmt, K), nb = K / 32, bb = block_bytes_of(t), groups = (N + 7) / 8;
+  const int vb = t.bits == 8 ? 256 : 128, sb = t.f16 ? 16 : 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t j = 0; j < nb; ++j) {
+      uint8_t* blk = out + (g * nb + j) * bb;
+      std::memset(blk, 0, bb);
+      for (int r = 0; r < 8; ++r) {
+        const int64_t n = 8 * g + r;
+        Unpacked o{};
+        if (n < N) unpack_block(fmt, w + n * rb, j, &o);
+        else if (t.bias) std::memset(o.u, t.bias, 32);          // padding rows: weights of 0
+        for (int l = 0; l < 32; ++l) {
+          if (t.bits == 8) {
+            blk[32 * (l / 4) + 4 * r + l % 4] = o.u[l];
+          } else {
+            const int s = l < 16 ? l / 4 : (l - 16) / 4;
+            blk[32 * s + 4 * r + l % 4] |= static_cast<uint8_t>(l < 16 ? o.u[l] : o.u[l] << 4);
+          }
+        }
+        if (t.f16) {
+          std::memcpy(blk + vb + 2 * r, &o.dw16, 2);
+          if (t.min) std::memcpy(blk + vb + sb + 2 * r, &o.mw16, 2);
+        } else {
+          std::memcpy(blk + vb + 4 * r, &o.dw, 4);
+          if (t.min) std::memcpy(blk + vb + sb + 4 * r, &o.mw, 4);
+        }
+        if (t.halves) {
+          blk[vb + sb + r] = static_cast<uint8_t>(o.sc[0]);
+          blk[vb + sb + 8 + r] = static_cast<uint8_t>(o.sc[1]);
+        }
+      }
+    }
+}
+
+// Gather rows of a packed weight: tokens [n] -> out [n, K] fp32, the exact values of the GGUF blocks.
+void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt, int64_t K, float* out) {
+  Traits t;
+  const int fmt = pfmt - PACKED;
+  if (!traits(fmt, &t)) return;
+  const int64_t nb = K / 32, bb = block_bytes_of(t);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = tokens[i] / 8;
+    const int r = static_cast<int>(tokens[i] % 8);
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* blk = w + (g * nb + j) * bb;
+      for (int l = 0; l < 32; ++l) out[i * K + 32 * j + l] = value(fmt, t, blk, r, l);
+    }
+  }
+}
+
+// Activations as the int8 kernels read them: x [M, K] -> q [M, K], d / sx [M, K/32], hs [M, K/32, 2].
+void ss_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* sx, int32_t* hs) {
+  const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads()) if (M * K >= 8192)
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, q + m * K, d + m * nb, sx + m * nb, hs + 2 * m * nb);
+}
+
+// y [M, N] (+)= quantize(x [M, K]) W^T (+ bias) for a packed weight w of packed format pfmt.
+void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pfmt, int64_t N, const float* bias,
+                  float* y, int accumulate) {
+  const int64_t nb = K / 32;
+  uint8_t* buf = static_cast<uint8_t*>(std::malloc(M * K + M * nb * 16 + 64));
+  int8_t* q = reinterpret_cast<int8_t*>(buf);
+  float* d = reinterpret_cast<float*>(buf + ((M * K + 15) / 16) * 16);
+  float* sx = d + M * nb;
+  int32_t* hs = reinterpret_cast<int32_t*>(sx + M * nb);
+  ss_quantize_rows(x, M, K, q, d, sx, hs);
+  switch (ss_q8_path()) {
+    case 1: ss_q8_linear_vnni512(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
+    case 2: ss_q8_linear_avxvnni(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
+    default: ss_q8_linear_avx2(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
+  }
+  std::free(buf);
+}
+
+}  // extern "C"

@@ -1,0 +1,266 @@
+// Linear layers with int8 activations: x is quantized once per input row into blocks of 32 int8
+// values with an fp32 scale, and multiplied against weights repacked at load into groups of 8
+// output rows (see PACKED LAYOUT below) with integer dot products.
+//
+// Included once per instruction-set path (SS_Q8_PATH: 0 AVX2, 1 AVX512-VNNI on 256-bit registers,
+// 2 AVX-VNNI), each time compiled with that path's flags; everything here has internal linkage so the
+// paths never share a compiled function (a shared inline helper built with AVX-512 flags could
+// otherwise be picked by the linker for the AVX2 path).
+//
+// THE SAME BITS ON EVERY PATH AND IN EVERY BATCH.  For output row r and 32-element block b, the
+// integer I[r, b] = sum_k w[r, k] * qx[k] (Q6_K: sum over the two 16-element halves of
+// scale_h * sum_k w * qx) is exact in int32 whatever instructions form it: AVX2's vpmaddubsw pair sums
+// stay below its int16 saturation (weight bytes <= 63 there, or |w| <= 128 against |qx| <= 127 with
+// the sign trick for Q8_0), vpdpbusd has no saturation at all.  The floats then follow one sequence
+// per output element, over b in increasing order:
+//     acc = fma(float(I[r, b]), dw[r, b] * dx[b], acc)
+//     acc = fma(mw[r, b], sx[b], acc)                   (formats with an offset: Q4_1, Q5_1, Q4_K, Q5_K)
+//     y[r] = acc (+ bias[r]) (+ y[r] when accumulating)
+// where dx[b] is the activation block's scale, sx[b] = dx[b] * sum_k qx[k], and dw / mw the weight
+// block's scale and offset.  Eight output rows sit in the eight lanes of one register, so no
+// horizontal sum is needed; the tile shape (tokens x row groups) and the thread split only choose
+// which elements are computed together.  Hence a token's outputs are bit-identical alone or with
+// any number of other tokens, at any thread count, on every path.
+//
+// PACKED LAYOUT.  Rows are taken 8 at a time (a group; the last one padded with zero weights); a
+// group is K/32 blocks in order; a block holds its 8 rows' 32 values, then the 8 rows' scales (fp16
+// when the GGUF format stores fp16 scales, else fp32), then the 8 offsets where the format has them,
+// then (Q6_K) the 8 rows' two int8 half scales.  Values are unsigned bytes u = w + bias:
+//   8-bit values (Q8_0 bias 128, Q5_0 16, Q5_1 / Q5_K 0, Q6_K 32): 8 steps of 32 bytes; step s holds
+//     row r's values 4s .. 4s+3 at bytes 4r .. 4r+3 (the 4 bytes vpdpbusd sums into lane r);
+//   4-bit values (Q4_0 bias 8, Q4_1 / Q4_K 0): 4 registers of 32 bytes; register t's byte 4r+j holds
+//     row r's value 4t+j in its low nibble and value 16+4t+j in its high nibble (steps t and t+4).
+
+#pragma once
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#ifndef SS_Q8_PATH
+#error "define SS_Q8_PATH before including q8.h"
+#endif
+
+namespace {
+
+// The packed formats' traits.  bits: 8 or 4 (value bytes per block: 256 or 128); bias: the value
+// offset subtracted as bias * sum(qx); f16: scales stored as fp16; min: an offset term; halves:
+// Q6_K's two int8 scales per row and block.
+struct PQ8_0 { static constexpr int bits = 8, bias = 128; static constexpr bool f16 = true, min = false, halves = false; };
+struct PQ5_0 { static constexpr int bits = 8, bias = 16; static constexpr bool f16 = true, min = false, halves = false; };
+struct PQ5_1 { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = true, min = true, halves = false; };
+struct PQ5_K { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = false, min = true, halves = false; };
+struct PQ6_K { static constexpr int bits = 8, bias = 32; static constexpr bool f16 = false, min = false, halves = true; };
+struct PQ4_0 { static constexpr int bits = 4, bias = 8; static constexpr bool f16 = true, min = false, halves = false; };
+struct PQ4_1 { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = true, min = true, halves = false; };
+struct PQ4_K { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = false, min = true, halves = false; };
+
+template <class P> constexpr int value_bytes() { return P::bits == 8 ? 256 : 128; }
+template <class P> constexpr int scale_bytes() { return P::f16 ? 16 : 32; }
+template <class P> constexpr int block_bytes() {
+  return value_bytes<P>() + scale_bytes<P>() * (P::min ? 2 : 1) + (P::halves ? 16 : 0);
+}
+
+// Quantized activations of M rows: q [M, K] int8; per row and 32-block: d (scale), sx (d * sum q),
+// hs (the sums of q over the two 16-element halves).
+struct Act {
+  const int8_t* q;
+  const float* d;
+  const float* sx;
+  const int32_t* hs;   // [M, nb, 2]
+  int64_t K, nb;
+};
+
+inline __m256 scales8(const uint8_t* p, bool f16) {
+  return f16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+             : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
+// The 32 value bytes of step s (0..7) of a block: lane r = row r's values 4s .. 4s+3.
+template <class P>
+inline __m256i step_values(const uint8_t* blk, int s) {
+  if constexpr (P::bits == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * s));
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (s & 3)));
+    const __m256i v = s < 4 ? raw : _mm256_srli_epi16(raw, 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+  }
+}
+
+// Weight bytes as the path multiplies them, prepared once per step for every token: on AVX2 a Q8_0
+// step becomes its signed values (u ^ 0x80) for the sign trick; every other case is used as stored.
+constexpr bool kSignTrick(int bias) { return SS_Q8_PATH == 0 && bias == 128; }
+
+// acc (8 int32 lanes) += the sums of 4 products of lane-aligned bytes of w (unsigned, or signed for
+// the sign trick) and y (signed, |y| <= 127).
+template <class P>
+inline __m256i dot4(__m256i acc, __m256i w, __m256i y) {
+#if SS_Q8_PATH == 1
+  return _mm256_dpbusd_epi32(acc, w, y);
+#elif SS_Q8_PATH == 2
+  return _mm256_dpbusd_avx_epi32(acc, w, y);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kSignTrick(P::bias)) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones));
+  }
+#endif
+}
+
+template <class P>
+inline __m256i prepare(__m256i u) {
+  if constexpr (kSignTrick(P::bias)) return _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+  return u;
+}
+
+// The bias correction: raw - bias * (sum of qx) unless the sign trick already multiplied w itself.
+template <class P>
+inline __m256i unbias(__m256i raw, int32_t qsum) {
+  if constexpr (P::bias == 0 || kSignTrick(P::bias)) return raw;
+  return _mm256_sub_epi32(raw, _mm256_set1_epi32(P::bias * qsum));
+}
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// MB tokens (rows m0.. of the activations) x NG groups of 8 output rows starting at group g0.
+// y rows have stride N; rows past N (the padded group's) are not written.
+template <class P, int MB, int NG>
+inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, int64_t m0, float* y, int64_t N,
+                 const float* bias, bool accumulate) {
+  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>();
+  __m256 acc[MB][NG];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) acc[i][g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk[NG];
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) blk[g] = w + (g0 + g) * gstride + b * block_bytes<P>();
+    __m256i ia[MB][NG], half[MB][NG];
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+      for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      if constexpr (P::halves) {
+        if (s == 4) {                 // Q6_K: the first half's sums, kept apart for their own scale
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+            for (int g = 0; g < NG; ++g) {
+              half[i][g] = ia[i][g];
+              ia[i][g] = _mm256_setzero_si256();
+            }
+        }
+      }
+      __m256i wv[NG];
+#pragma GCC unroll 8
+      for (int g = 0; g < NG; ++g) wv[g] = prepare<P>(step_values<P>(blk[g], s));
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        const __m256i yb = _mm256_set1_epi32(load4(a.q + (m0 + i) * a.K + b * 32 + 4 * s));
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; ++g) ia[i][g] = dot4<P>(ia[i][g], wv[g], yb);
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) {
+      const __m256 dw = scales8(blk[g] + VB, P::f16);
+      __m256 mw = _mm256_setzero_ps();
+      if constexpr (P::min) mw = scales8(blk[g] + VB + SB, P::f16);
+      __m256i sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();
+      if constexpr (P::halves) {
+        const uint8_t* h = blk[g] + VB + SB;
+        sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
+        sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + 8)));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        const int64_t ab = (m0 + i) * a.nb + b;
+        __m256i I;
+        if constexpr (P::halves) {
+          const __m256i lo = unbias<P>(half[i][g], a.hs[2 * ab]), hi = unbias<P>(ia[i][g], a.hs[2 * ab + 1]);
+          I = _mm256_add_epi32(_mm256_mullo_epi32(lo, sc0), _mm256_mullo_epi32(hi, sc1));
+        } else {
+          I = unbias<P>(ia[i][g], a.hs[2 * ab] + a.hs[2 * ab + 1]);
+        }
+        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab]));
+        acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), s, acc[i][g]);
+        if constexpr (P::min) acc[i][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.sx[ab]), acc[i][g]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) {
+      const int64_t n0 = (g0 + g) * 8;
+      float* dst = y + (m0 + i) * N + n0;
+      if (n0 + 8 <= N) {
+        __m256 v = acc[i][g];
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+        _mm256_storeu_ps(dst, v);
+      } else {
+        float t[8];
+        _mm256_storeu_ps(t, acc[i][g]);
+        for (int64_t r = 0; r < N - n0; ++r) {
+          float v = t[r];
+          if (bias) v += bias[n0 + r];
+          dst[r] = accumulate ? dst[r] + v : v;
+        }
+      }
+    }
+}
+
+// Tile shapes: tokens per tile and row groups per tile.  AVX2 has 16 vector registers, the AVX-512
+// paths 32 (any shape gives the same bits).
+#if SS_Q8_PATH == 1
+constexpr int MB_MAX = 4, NG_T = 2;
+#else
+constexpr int MB_MAX = 2, NG_T = 2;
+#endif
+
+template <class P, int NG>
+inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, int64_t M, float* y, int64_t N,
+                        const float* bias, bool acc) {
+  int64_t m = 0;
+  for (; m + MB_MAX <= M; m += MB_MAX) tile<P, MB_MAX, NG>(w, gstride, g0, a, m, y, N, bias, acc);
+  switch (M - m) {
+    case 1: tile<P, 1, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+    case 2: if constexpr (MB_MAX > 2) tile<P, 2, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+    case 3: if constexpr (MB_MAX > 3) tile<P, 3, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+    default: break;
+  }
+}
+
+// Every token against every group: tiles of NG_T groups over the threads, each running all tokens
+// (so a tile's weights are read from memory once per pass and from cache for the later tokens).
+template <class P>
+void packed_linear(const Act& a, int64_t M, const uint8_t* w, int64_t N, const float* bias, float* y, bool acc,
+                   int threads) {
+  const int64_t groups = (N + 7) / 8, gstride = a.nb * block_bytes<P>();
+  const int64_t tiles = (groups + NG_T - 1) / NG_T;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t g0 = t * NG_T;
+    if (g0 + NG_T <= groups) tokens_tile<P, NG_T>(w, gstride, g0, a, M, y, N, bias, acc);
+    else
+      for (int64_t g = g0; g < groups; ++g) tokens_tile<P, 1>(w, gstride, g, a, M, y, N, bias, acc);
+  }
+}
+
+}  // namespace

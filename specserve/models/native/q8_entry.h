@@ -1,0 +1,44 @@
+// One instruction-set path's entry point (SS_Q8_PATH, SS_Q8_ENTRY defined by the including file):
+// y [M, N] = x W^T for activations already quantized (see q8.h) and a packed weight of format fmt.
+
+#include "q8.h"
+
+extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, const int32_t* hs, int64_t M,
+                            int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias, float* y,
+                            int accumulate, int threads) {
+  const Act a{q, d, sx, hs, K, K / 32};
+  const bool acc = accumulate != 0;
+  switch (fmt) {   // the packed formats: 16 + the GGUF format's id (simd.h)
+    case 18: packed_linear<PQ8_0>(a, M, w, N, bias, y, acc, threads); break;
+    case 19: packed_linear<PQ4_1>(a, M, w, N, bias, y, acc, threads); break;
+    case 20: packed_linear<PQ4_0>(a, M, w, N, bias, y, acc, threads); break;
+    case 21: packed_linear<PQ5_0>(a, M, w, N, bias, y, acc, threads); break;
+    case 22: packed_linear<PQ5_1>(a, M, w, N, bias, y, acc, threads); break;
+    case 23: packed_linear<PQ4_K>(a, M, w, N, bias, y, acc, threads); break;
+    case 24: packed_linear<PQ5_K>(a, M, w, N, bias, y, acc, threads); break;
+    case 25: packed_linear<PQ6_K>(a, M, w, N, bias, y, acc, threads); break;
+    default: break;
+  }
+}
+
+// Seconds for every thread to run `iters` rounds of 12 independent chains of this path's 32-multiply-add
+// integer step (dot4 below: 8 lanes x 4 byte products), with nothing read from memory: the path's
+// int8 multiply-add ceiling.  sink: [threads].
+extern "C" double SS_Q8_PEAK(int64_t iters, int threads, int32_t* sink) {
+  const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads)
+  {
+    __m256i a[12];
+    for (int r = 0; r < 12; ++r) a[r] = _mm256_set1_epi32(r);
+    const __m256i w = _mm256_set1_epi8(3), y = _mm256_set1_epi8(-2);
+    for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+      for (int r = 0; r < 12; ++r) a[r] = dot4<PQ4_1>(a[r], w, y);
+      __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]));
+    }
+    __m256i t = a[0];
+    for (int r = 1; r < 12; ++r) t = _mm256_add_epi32(t, a[r]);
+    sink[omp_get_thread_num()] = _mm256_extract_epi32(t, 0);
+  }
+  return omp_get_wtime() - t0;
+}

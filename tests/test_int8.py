@@ -1,0 +1,166 @@
+"""Int8-activation kernels (q8.h): activation quantization by hand, packed weights that read back
+exactly, products against a float64 reference of the quantized operands, and the property the
+runtime is built on: the same bits alone or batched, at any thread count, on every instruction set."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from specserve.errors import SpecserveError
+from specserve.models import RuntimeOptions
+from specserve.models import native as nt
+from specserve.models.native import packed as pk
+from test_native import BLOCKS, K_QUANTS, make_weight
+
+pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt._cpu_flags(),
+                                reason="this CPU lacks AVX2/FMA/F16C")
+OTHER_PATHS = ["avx512-vnni", "avx-vnni"]
+
+
+@pytest.fixture(autouse=True)
+def best_path():
+    yield
+    pk.set_path(None)
+
+
+def test_quantize_rows_by_hand():
+    """Block 0: amax 2.54 -> d = 0.02, q = round(x / d); block 1 all zero: d = 0, q = 0."""
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([2.54, -1.27, 0.011, -0.009])
+    x[0, 20] = 0.5
+    q, d, sx, hs = pk.quantize_rows(x)
+    assert d[0, 0].item() == pytest.approx(0.02, rel=1e-6) and d[0, 1].item() == 0.0
+    assert q[0, :4].tolist() == [127, -64, 1, 0] and q[0, 20].item() == 25        # -63.5 rounds to even
+    assert int(q[0, 32:].abs().sum()) == 0
+    assert hs[0, 0].tolist() == [127 - 64 + 1, 25] and hs[0, 1].tolist() == [0, 0]
+    assert sx[0, 0].item() == pytest.approx(0.02 * (127 - 64 + 1 + 25), rel=1e-6)
+
+
+@pytest.mark.parametrize("fmt", BLOCKS)
+def test_packed_weights_read_back_exactly(fmt):
+    """Packing keeps every value: the packed rows equal gguf's reference dequantizer (37 rows: a padded
+    last group of 8)."""
+    w, ref = make_weight(fmt, 37, 512 if fmt in K_QUANTS else 96)
+    assert torch.equal(pk.PackedWeight.pack(w).dequantize(), ref)
+
+
+def reference(x: torch.Tensor, ref_w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 product of the quantized activations (as the kernel quantizes them) and the exact weights."""
+    q, d, _, _ = pk.quantize_rows(x)
+    xq = (q.double().view(x.shape[0], -1, 32) * d.double()[..., None]).view(x.shape)
+    return xq @ ref_w.double().T + (bias.double() if bias is not None else 0)
+
+
+@pytest.mark.parametrize("fmt", BLOCKS)
+def test_linear_matches_float64_reference_of_quantized_operands(fmt):
+    """The integer block sums are exact: only the fp32 combination of block results rounds (relative
+    1e-6 of the output scale).  75 rows: padded groups; with a bias and accumulating."""
+    k = 512 if fmt in K_QUANTS else 128
+    w, ref_w = make_weight(fmt, 75, k, seed=1)
+    p = pk.PackedWeight.pack(w)
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(75, generator=torch.Generator().manual_seed(3))
+    expect = reference(x, ref_w, bias)
+    tol = 1e-6 * max(1.0, expect.abs().max().item()) * 4
+    assert (nt.linear(x, p, bias).double() - expect).abs().max().item() < tol
+    base = torch.randn(13, 75, generator=torch.Generator().manual_seed(4))
+    acc = nt.linear(x, p, bias, out=base.clone(), accumulate=True)
+    assert (acc.double() - (expect + base.double())).abs().max().item() < tol
+    # and close to the fp32-activation product (the int8 rounding of x is all that differs)
+    f32 = nt.linear(x, w, bias).double()
+    assert (nt.linear(x, p, bias).double() - f32).abs().max().item() < 0.02 * f32.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt", BLOCKS)
+def test_rows_are_bit_identical_alone_batched_and_at_any_thread_count(fmt):
+    """Row r of x W^T: alone, in every group of 2..20 rows at two offsets, and at 1 thread."""
+    w, _ = make_weight(fmt, 130, 512 if fmt in K_QUANTS else 256, seed=5)
+    p = pk.PackedWeight.pack(w)
+    x = torch.randn(20, w.shape[1], generator=torch.Generator().manual_seed(6))
+    alone = torch.cat([nt.linear(x[i:i + 1].contiguous(), p) for i in range(20)])
+    for m in range(2, 21):
+        for lo in (0, 20 - m):
+            assert torch.equal(nt.linear(x[lo:lo + m].contiguous(), p), alone[lo:lo + m])
+    lib = nt.library()
+    lib.ss_set_threads(1)
+    try:
+        assert torch.equal(nt.linear(x, p), alone)
+    finally:
+        lib.ss_set_threads(0)
+
+
+@pytest.mark.parametrize("path", OTHER_PATHS)
+def test_every_instruction_set_gives_the_avx2_bits(path):
+    """The VNNI paths against the AVX2 path, every format, 1..9 rows and a 64-row prompt chunk."""
+    if not pk.path_runs(path):
+        pytest.skip(f"this CPU cannot run the {path} path: its bits are not checked on this machine")
+    for fmt in BLOCKS:
+        w, _ = make_weight(fmt, 75, 512 if fmt in K_QUANTS else 256, seed=9)
+        p = pk.PackedWeight.pack(w)
+        bias = torch.randn(75, generator=torch.Generator().manual_seed(1))
+        for m in (1, 2, 5, 9, 64):
+            x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+            pk.set_path("avx2")
+            a = nt.linear(x, p, bias)
+            pk.set_path(path)
+            assert torch.equal(nt.linear(x, p, bias), a), (nt.FORMAT_NAMES[fmt], m)
+
+
+def test_a_path_the_cpu_lacks_is_refused():
+    missing = [p for p in OTHER_PATHS if not pk.path_runs(p)]
+    if not missing:
+        pytest.skip("this CPU runs every path")
+    with pytest.raises(ValueError, match="cannot run"):
+        pk.set_path(missing[0])
+    assert pk.current_path() in pk.PATHS
+
+
+def test_whole_model_passes_same_bits_on_every_path():
+    """A tiny Q4_1 / Q8_0 model: a 9-token verification pass beside another sequence, on each path the
+    CPU runs, equals one-token decoding on the AVX2 path."""
+    lm = tiny_model(seed=4, vocab=64, kernels="native-int8")
+    m = lm.model
+    g = torch.Generator().manual_seed(0)
+    prompt, cont = torch.randint(0, 64, (1, 40), generator=g), torch.randint(0, 64, (1, 9), generator=g)
+    pk.set_path("avx2")
+    c = m.new_cache(2, 128)
+    m(prompt, c, [0], [0])
+    ref = torch.stack([m(cont[:, i:i + 1], c, [0], [40 + i]).logits[0, 0] for i in range(9)])
+    for path in ["avx2", *[p for p in OTHER_PATHS if pk.path_runs(p)]]:
+        pk.set_path(path)
+        c = m.new_cache(2, 128)
+        m(prompt, c, [1], [0])
+        m(torch.randint(0, 64, (1, 17), generator=g), c, [0], [0])
+        out = m(torch.cat([cont, cont[:, :5].repeat(1, 2)[:, :9]]), c, [1, 0], [40, 17]).logits
+        assert torch.equal(out[0], ref), path
+
+
+def test_activations_setting():
+    """auto: int8 over blocks, f32 over float weights; int8 over float weights or off the native
+    kernels is refused with the reason; f32 over blocks keeps the blocks unpacked."""
+    assert tiny_model(seed=1, vocab=64).model.activations == "f32"
+    assert tiny_model(seed=1, vocab=64, kernels="native-int8").model.activations == "int8"
+    with pytest.raises(ValueError, match="needs quantized"):
+        tiny_model(seed=1, vocab=64, activations="int8")
+    with pytest.raises(SpecserveError, match="needs kernels=native"):
+        RuntimeOptions(kernels="torch", activations="int8").resolve()
+    with pytest.raises(SpecserveError, match="unknown activations"):
+        RuntimeOptions(activations="int4").resolve()
+    from conftest import quantized, tiny_config, tiny_state_dict
+    sd = quantized(tiny_state_dict(tiny_config(vocab=64), 1))
+    f32 = tiny_model(seed=1, vocab=64, sd=sd, activations="f32").model
+    assert f32.activations == "f32" and isinstance(f32.layers[0].qkv, nt.NativeWeight)
+    int8 = tiny_model(seed=1, vocab=64, sd=sd).model
+    # Q4_1 / Q8_0 pack into as many bytes as they had (fp16 scales kept; every matrix a multiple of 8 rows)
+    assert isinstance(int8.layers[0].qkv, pk.PackedWeight) and int8.weight_bytes() == f32.weight_bytes()
+    ids = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(2))
+    a = f32(ids, f32.new_cache(1, 64), [0], [0]).logits
+    b = int8(ids, int8.new_cache(1, 64), [0], [0]).logits
+    assert not torch.equal(a, b) and ((a - b).norm() / a.norm()).item() < 0.1     # close, not equal
+    assert torch.equal(int8.weight_rows("embed", torch.tensor([3, 9])), f32.weight_rows("embed", torch.tensor([3, 9])))
+
+
+def test_int8_ceiling_is_measured():
+    assert pk.int8_peak(0.05) > 1e9 and nt.fma_peak(0.05) > 1e8
+    assert np.isfinite(pk.int8_peak(0.05))
