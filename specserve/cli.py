@@ -50,6 +50,8 @@ def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch (auto: native when this CPU and compiler allow)")
     p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
+    p.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels; auto: int8 over GGUF "
+                   "blocks, f32 over float weights)")
     p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
 
 
@@ -117,9 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     b.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch")
     b.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa")
+    b.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels)")
     f = sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, overhead)")
     f.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
-    f.add_argument("--runtimes", default="auto", help="comma-separated kernels settings to compare, e.g. fbgemm,native")
+    f.add_argument("--runtimes", default="auto", help="comma-separated kernels[:activations] settings to compare, "
+                   "e.g. fbgemm,native,native:f32")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
     f.add_argument("--batch", type=int, default=1, help="rows in each profiled pass")
     f.add_argument("--context", type=int, default=256, help="cached positions before the pass")
@@ -176,7 +180,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods != DEFAULT_METHODS else []
         print(render_endpoint_report(run_endpoint_bench(cfg, args.endpoint, args.endpoint_model, methods)))
         return 0
-    doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention))
+    doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations))
     print(render_report(doc))
     return 0
 
@@ -185,7 +189,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
     from specserve.bench.costs import cost_curve
-    from specserve.bench.profile import format_profile, profile_pass
+    from specserve.bench.profile import format_profile, profile_pass, runtime_name
     from specserve.bench.report import cost_table
     from specserve.models.loader import RuntimeOptions, load_model
 
@@ -194,17 +198,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
     batches = _ints(args.cost_batches, "--cost-batches")
     rows, curves = [], {}
-    for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
-        lm = load_model(args.model, RuntimeOptions(kernels=kernels))
+    runtimes = [RuntimeOptions(kernels=k.split(":")[0], activations=(k.split(":") + ["auto"])[1])
+                for k in (k.strip() for k in args.runtimes.split(",")) if k]
+    for opts in runtimes:
+        lm = load_model(args.model, opts)
         for t in tokens:
             rows.append(profile_pass(lm, t, args.context, args.reps, args.batch))
         if batches:
-            curves[lm.options.kernels] = cost_curve(lm, tokens, batches, args.context)
+            curves[runtime_name(lm)] = cost_curve(lm, tokens, batches, args.context)
     print(format_profile(rows))
+    from specserve.bench.costs import roofline
+    from specserve.bench.report import roofline_line
+    for opts in runtimes:
+        lm = load_model(args.model, opts)
+        print(f"\nroofline ({runtime_name(lm)}):" + roofline_line(roofline(lm)))
     from specserve.control import calibrate
-    for kernels in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
-        lm = load_model(args.model, RuntimeOptions(kernels=kernels))
-        print(f"\ncost model the engine calibrates (kernels={lm.options.kernels}): a pass of N tokens at "
+    for opts in runtimes:
+        lm = load_model(args.model, opts)
+        print(f"\ncost model the engine calibrates ({runtime_name(lm)}): a pass of N tokens at "
               "context 64, and the attention term")
         print("\n".join(calibrate(lm.model).describe()))
     for kernels, curve in curves.items():
@@ -246,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     prefill = PrefillPolicy(None if args.no_chunked_prefill else args.prefill_chunk, args.prefill_stall,
                             0.0 if args.no_prefix_cache else args.prefix_cache_mb)
     prefill.check()
-    llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention), drafters=specs,
+    llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations), drafters=specs,
               max_batch=args.max_batch, max_len=args.max_len, preload=True, prefill=prefill)
     name = args.served_model_name or ("default" if args.model == "default" else path)
     app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
@@ -268,7 +279,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     spec = _drafter_specs(args)[0]
     resolve_model_path(args.model)
-    options = RuntimeOptions(args.dtype, args.device, args.kernels, args.attention)
+    options = RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations)
     llm = LLM(args.model, options, drafters=[spec], max_batch=1, max_len=args.max_len)
     prompt_ids = llm.encode(args.prompt, raw=args.raw)
     num_draft = spec.k

@@ -24,16 +24,24 @@ def memory_bandwidth(size_mb: int = 256, reps: int = 5) -> float:
 
 def roofline(lm: LoadedModel) -> dict:
     """What the machine could do at best: the bandwidth ceiling (weights read once per pass) and
-    the multiply-add ceiling (one multiply-add per weight per token, on every core with AVX2+FMA)."""
+    the multiply-add ceilings (one multiply-add per weight per token, on every core): fp32 with
+    AVX2+FMA, and int8 on the instruction-set path the int8 kernels use.  The compute ceiling of a
+    token is the one of the activations the model runs."""
     from specserve.models.native import fma_peak, unavailable_reason
 
     bw = memory_bandwidth()
     wb = lm.model.weight_bytes()
-    macs = fma_peak() if unavailable_reason() is None else float("nan")
-    return {"parameters": lm.config.num_params, "weight_bytes": wb, "bandwidth_bytes_per_s": bw,
-            "plain_decoding_ceiling_tok_s": bw / wb, "multiply_adds_per_s": macs,
-            "compute_ceiling_tok_s": macs / lm.config.num_params,
-            "compute_ms_per_token": 1e3 * lm.config.num_params / macs, "runtime": vars(lm.options)}
+    native = unavailable_reason() is None
+    macs = fma_peak() if native else float("nan")
+    out = {"parameters": lm.config.num_params, "weight_bytes": wb, "bandwidth_bytes_per_s": bw,
+           "plain_decoding_ceiling_tok_s": bw / wb, "multiply_adds_per_s": macs, "runtime": vars(lm.options)}
+    if native:
+        from specserve.models.native import packed
+        out |= {"int8_multiply_adds_per_s": packed.int8_peak(), "int8_path": packed.current_path()}
+    runs = out["int8_multiply_adds_per_s"] if getattr(lm.model, "activations", "f32") == "int8" else macs
+    return out | {"activations": getattr(lm.model, "activations", "f32"),
+                  "compute_ceiling_tok_s": runs / lm.config.num_params,
+                  "compute_ms_per_token": 1e3 * lm.config.num_params / runs}
 
 
 def heap_tree(n: int) -> torch.Tensor:

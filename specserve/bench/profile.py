@@ -17,6 +17,12 @@ from specserve.models.decoder import PARTS, PartTimer, timed
 from specserve.models.loader import LoadedModel
 
 
+def runtime_name(lm: LoadedModel) -> str:
+    """The runtime as a label: kernels, and for the native kernels the activations (native:int8)."""
+    act = getattr(lm.model, "activations", None)
+    return f"{lm.options.kernels}:{act}" if act else lm.options.kernels
+
+
 def _median_pass(model, x, cache, context: int, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -45,13 +51,13 @@ def profile_pass(lm: LoadedModel, tokens: int = 1, context: int = 256, reps: int
         wrapped = (time.perf_counter() - s) / reps
     parts = {p: 1e3 * timer.seconds.get(p, 0.0) / reps for p in PARTS}
     parts["overhead"] = max(0.0, 1e3 * wrapped - sum(parts.values()))
-    return {"runtime": vars(lm.options), "tokens": tokens, "batch": batch, "context": context, "reps": reps,
+    return {"runtime": {**vars(lm.options), "name": runtime_name(lm)}, "tokens": tokens, "batch": batch, "context": context, "reps": reps,
             "pass_ms": 1e3 * total, "wrapped_pass_ms": 1e3 * wrapped, "parts_ms": parts}
 
 
 def format_profile(rows: list[dict]) -> str:
     """A markdown table: one column per profiled pass."""
-    head = "| part (ms) | " + " | ".join(f"{r['runtime']['kernels']} b{r['batch']} t{r['tokens']}" for r in rows) + " |"
+    head = "| part (ms) | " + " | ".join(f"{r['runtime']['name']} b{r['batch']} t{r['tokens']}" for r in rows) + " |"
     lines = [head, "|---|" + "---:|" * len(rows)]
     for p in (*PARTS, "overhead"):
         lines.append(f"| {p} | " + " | ".join(f"{r['parts_ms'][p]:.2f}" for r in rows) + " |")

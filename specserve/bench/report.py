@@ -15,14 +15,7 @@ def render_report(doc: dict) -> str:
              f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
              f"{_sampling(cfg)}, prompts: {cfg.get('prompt_format', 'chat template')}. Machine: "
              f"{doc['machine'].get('processor') or 'CPU'}, {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
-             "## Roofline", "",
-             f"{r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
-             f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "
-             f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s."
-             + (f" Measured multiply-add ceiling {r['multiply_adds_per_s'] / 1e9:.1f} G/s (fp32, AVX2+FMA, every core): "
-                f"compute-bound ceiling {r['compute_ceiling_tok_s']:.0f} tok/s, {r['compute_ms_per_token']:.2f} ms per "
-                f"token of a pass at the least." if r.get("multiply_adds_per_s") == r.get("multiply_adds_per_s")
-                and "multiply_adds_per_s" in r else ""), "",
+             "## Roofline", "", roofline_line(r).strip(), "",
              "## Concurrency 1, all prompts", "",
              "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | mean accepted length "
              "| nodes per step | acceptance by depth | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % "
@@ -234,6 +227,25 @@ def marginal_token_ms(curve: list[dict]) -> dict[int, float]:
         if len(rows) > 1 and rows[-1][0] > rows[0][0]:
             out[b] = 1e3 * (rows[-1][1] - rows[0][1]) / ((rows[-1][0] - rows[0][0]) * b)
     return out
+
+
+def roofline_line(r: dict) -> str:
+    """The roofline card in one paragraph: weights, bandwidth ceiling, multiply-add ceilings."""
+    return (f" {r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights as run; "
+            f"measured copy bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; bandwidth-bound ceiling for plain "
+            f"decoding {r['plain_decoding_ceiling_tok_s']:.0f} tok/s." + _ceilings(r))
+
+
+def _ceilings(r: dict) -> str:
+    """The multiply-add ceilings of the roofline card, fp32 and int8, and the compute-bound ceiling of
+    the activations the model runs."""
+    if not r.get("multiply_adds_per_s") == r.get("multiply_adds_per_s") or "multiply_adds_per_s" not in r:
+        return ""
+    text = f" Measured multiply-add ceilings (every core): fp32 {r['multiply_adds_per_s'] / 1e9:.1f} G/s (AVX2+FMA)"
+    if "int8_multiply_adds_per_s" in r:
+        text += f", int8 {r['int8_multiply_adds_per_s'] / 1e9:.1f} G/s ({r['int8_path']})"
+    return text + (f"; with {r.get('activations', 'f32')} activations the compute-bound ceiling is "
+                   f"{r['compute_ceiling_tok_s']:.0f} tok/s, {r['compute_ms_per_token']:.2f} ms per token of a pass at the least.")
 
 
 def cost_table(curve: list[dict]) -> list[str]:

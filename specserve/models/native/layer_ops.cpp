@@ -12,7 +12,7 @@ namespace {
 // spread over the threads), 16 for a sequence of at least LONG_RUN tokens (a prompt chunk, where
 // reading the cached keys and values once per 4 queries made attention memory-bound).  Chosen by
 // A/B timing; the grouping never changes a result's bits.
-constexpr int64_t ATT_QG_SHORT = 4;
+constexpr int64_t ATT_QG_SHORT = 16;
 constexpr int64_t ATT_QG_MAX = 16;
 constexpr int64_t LONG_RUN = 16;
 inline int64_t query_group(int64_t tokens) { return tokens >= LONG_RUN ? ATT_QG_MAX : ATT_QG_SHORT; }

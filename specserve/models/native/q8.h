@@ -95,6 +95,12 @@ inline __m256i step_values(const uint8_t* blk, int s) {
 // step becomes its signed values (u ^ 0x80) for the sign trick; every other case is used as stored.
 constexpr bool kSignTrick(int bias) { return SS_Q8_PATH == 0 && bias == 128; }
 
+// Whether 4-bit blocks take the int16 pair-sum route (below) rather than this path's dot4.
+#ifndef SS_Q8_PAIR16
+#define SS_Q8_PAIR16 1
+#endif
+constexpr bool kPairSums16 = SS_Q8_PAIR16 && SS_Q8_PATH == 0;   // faster there; vpdpbusd is faster where it exists
+
 // acc (8 int32 lanes) += the sums of 4 products of lane-aligned bytes of w (unsigned, or signed for
 // the sign trick) and y (signed, |y| <= 127).
 template <class P>
@@ -153,6 +159,31 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, in
     for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 8
       for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_setzero_si256();
+    if constexpr (P::bits == 4 && kPairSums16) {
+      // 4-bit values: vpmaddubsw pair sums (<= 2 * 15 * 127) added in int16 over the block's 8 steps
+      // (<= 30480, no saturation), widened once: the same exact sums with one multiply per step.
+      __m256i p16[MB][NG];
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; ++g) p16[i][g] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        __m256i wv[NG];
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; ++g) wv[g] = step_values<P>(blk[g], s);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m256i yb = _mm256_set1_epi32(load4(a.q + (m0 + i) * a.K + b * 32 + 4 * s));
+#pragma GCC unroll 8
+          for (int g = 0; g < NG; ++g) p16[i][g] = _mm256_add_epi16(p16[i][g], _mm256_maddubs_epi16(wv[g], yb));
+        }
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_madd_epi16(p16[i][g], _mm256_set1_epi16(1));
+    } else {
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       if constexpr (P::halves) {
@@ -175,6 +206,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, in
 #pragma GCC unroll 8
         for (int g = 0; g < NG; ++g) ia[i][g] = dot4<P>(ia[i][g], wv[g], yb);
       }
+    }
     }
 #pragma GCC unroll 8
     for (int g = 0; g < NG; ++g) {
@@ -228,22 +260,40 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, in
 
 // Tile shapes: tokens per tile and row groups per tile.  AVX2 has 16 vector registers, the AVX-512
 // paths 32 (any shape gives the same bits).
+#ifndef SS_Q8_MB
 #if SS_Q8_PATH == 1
-constexpr int MB_MAX = 4, NG_T = 2;
+#define SS_Q8_MB 8
+#define SS_Q8_NG 1
 #else
-constexpr int MB_MAX = 2, NG_T = 2;
+#define SS_Q8_MB 4
+#define SS_Q8_NG 1
 #endif
+#endif
+constexpr int MB_MAX = SS_Q8_MB, NG_T = SS_Q8_NG;
 
+// All M tokens against NG groups, in runs of at most MB_MAX tokens of near-equal size (9 tokens:
+// 5 + 4, not 8 + 1), so no run is left to read the weights for one token.
 template <class P, int NG>
 inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, int64_t M, float* y, int64_t N,
                         const float* bias, bool acc) {
+  const int64_t runs = (M + MB_MAX - 1) / MB_MAX;
   int64_t m = 0;
-  for (; m + MB_MAX <= M; m += MB_MAX) tile<P, MB_MAX, NG>(w, gstride, g0, a, m, y, N, bias, acc);
-  switch (M - m) {
-    case 1: tile<P, 1, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-    case 2: if constexpr (MB_MAX > 2) tile<P, 2, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-    case 3: if constexpr (MB_MAX > 3) tile<P, 3, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-    default: break;
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t size = (M - m) / (runs - r);
+    switch (size) {
+      case 1: tile<P, 1, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 2: if constexpr (MB_MAX >= 2) tile<P, 2, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 3: if constexpr (MB_MAX >= 3) tile<P, 3, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 4: if constexpr (MB_MAX >= 4) tile<P, 4, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 5: if constexpr (MB_MAX >= 5) tile<P, 5, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 6: if constexpr (MB_MAX >= 6) tile<P, 6, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 7: if constexpr (MB_MAX >= 7) tile<P, 7, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 8: if constexpr (MB_MAX >= 8) tile<P, 8, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 9: if constexpr (MB_MAX >= 9) tile<P, 9, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 10: if constexpr (MB_MAX >= 10) tile<P, 10, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      default: break;
+    }
+    m += size;
   }
 }
 
