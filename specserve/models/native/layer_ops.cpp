@@ -50,6 +50,23 @@ struct KeyPath {
   const int64_t* slot;   // absolute slots of the path (virtual start + i), or null for a chain
   inline const float* row(int64_t j) const { return base + (slot && j >= start ? slot[j - start] : j) * D; }
 };
+// o[8c .. 8(c+W)) += p_j v_j[8c .. 8(c+W)) for keys j = j0 .. j1-1 in order: W vectors of o kept in
+// registers over the keys (one chain of FMAs per element in key order, as any split of o gives).
+template <int W>
+inline void pv_run(float* o, const float* p, const KeyPath& v, int64_t j0, int64_t j1, int64_t c) {
+  __m256 acc[W];
+#pragma GCC unroll 8
+  for (int w = 0; w < W; ++w) acc[w] = _mm256_loadu_ps(o + 8 * (c + w));
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const float* vj = v.row(j) + 8 * c;
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) acc[w] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * w), acc[w]);
+  }
+#pragma GCC unroll 8
+  for (int w = 0; w < W; ++w) _mm256_storeu_ps(o + 8 * (c + w), acc[w]);
+}
+
 inline void rms_row(const float* x, const float* w, int64_t K, float eps, float* y) {
   const float r = 1.0f / std::sqrt(dot(x, x, K) / static_cast<float>(K) + eps);
   const __m256 rv = _mm256_set1_ps(r);
@@ -252,16 +269,21 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t j1 = j0 + KEY_CHUNK < n[i] ? j0 + KEY_CHUNK : n[i];
           if (j0 >= j1 || j1 <= lo[i]) continue;
-          __m256 o[32];
           float* oi = obuf + i * D;
           const float* si = s + i * stride;
-          for (int64_t c = 0; c < V; ++c) o[c] = _mm256_loadu_ps(oi + 8 * c);
-          for (int64_t j = j0 > lo[i] ? j0 : lo[i]; j < j1; ++j) {
-            const __m256 pj = _mm256_set1_ps(si[j]);
-            const float* vj = vp[i].row(j);
-            for (int64_t c = 0; c < V; ++c) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), o[c]);
+          const int64_t jb = j0 > lo[i] ? j0 : lo[i];
+          for (int64_t c = 0; c < V; c += 8) {          // 8 vectors of o at a time, held in registers
+            switch (V - c < 8 ? V - c : 8) {
+              case 8: pv_run<8>(oi, si, vp[i], jb, j1, c); break;
+              case 7: pv_run<7>(oi, si, vp[i], jb, j1, c); break;
+              case 6: pv_run<6>(oi, si, vp[i], jb, j1, c); break;
+              case 5: pv_run<5>(oi, si, vp[i], jb, j1, c); break;
+              case 4: pv_run<4>(oi, si, vp[i], jb, j1, c); break;
+              case 3: pv_run<3>(oi, si, vp[i], jb, j1, c); break;
+              case 2: pv_run<2>(oi, si, vp[i], jb, j1, c); break;
+              default: pv_run<1>(oi, si, vp[i], jb, j1, c); break;
+            }
           }
-          for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(oi + 8 * c, o[c]);
         }
       }
       for (int64_t i = 0; i < nq; ++i) {

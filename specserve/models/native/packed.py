@@ -96,5 +96,5 @@ def int8_peak(seconds: float = 0.3) -> float:
     while True:
         t = lib.ss_int8_peak(iters, sink.data_ptr())
         if t >= seconds or iters > 1 << 32:
-            return threads * iters * 12 * 32 / t
+            return threads * iters * 8 * 32 / t
         iters *= 2
