@@ -118,7 +118,7 @@ def test_a_path_the_cpu_lacks_is_refused():
 
 def test_whole_model_passes_same_bits_on_every_path():
     """A tiny Q4_1 / Q8_0 model: a 9-token verification pass beside another sequence, on each path the
-    CPU runs, equals one-token decoding on the AVX2 path."""
+    CPU runs and at 1 thread, equals one-token decoding on the AVX2 path at the default threads."""
     lm = tiny_model(seed=4, vocab=64, kernels="native-int8")
     m = lm.model
     g = torch.Generator().manual_seed(0)
@@ -134,6 +134,13 @@ def test_whole_model_passes_same_bits_on_every_path():
         m(torch.randint(0, 64, (1, 17), generator=g), c, [0], [0])
         out = m(torch.cat([cont, cont[:, :5].repeat(1, 2)[:, :9]]), c, [1, 0], [40, 17]).logits
         assert torch.equal(out[0], ref), path
+    m.set_threads(1)
+    try:
+        c = m.new_cache(1, 128)
+        m(prompt, c, [0], [0])
+        assert torch.equal(m(cont, c, [0], [40]).logits[0], ref)
+    finally:
+        m.set_threads(0)
 
 
 def test_activations_setting():

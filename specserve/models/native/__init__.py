@@ -1,10 +1,13 @@
-"""Native CPU kernels (``simd.h``, ``blocks.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``): built on first use with the system C++ compiler, loaded
+"""Native CPU kernels (``simd.h``, ``blocks.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``, and the
+int8-activation linears ``q8.h`` / ``q8*.cpp``): built on first use with the system C++ compiler, loaded
 with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
 
 No torch headers and no ninja are needed: the library exports plain C functions over raw pointers.
 It links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has already loaded, so both
-share one thread pool.  The flags target AVX2 + FMA + F16C only (never ``-march=native``), so a
-library built on one x86-64 machine runs on any other with those extensions.
+share one thread pool.  The flags target AVX2 + FMA + F16C (never ``-march=native``), so a library
+built on one x86-64 machine runs on any other with those extensions; the VNNI variants of the int8
+products sit in files of their own, compiled with their extra flags and called only where the CPU
+reports them (``packed.set_path``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE
            HERE / "q8.cpp": BASE_ISA,
            HERE / "q8_vnni512.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
+OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
 HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_entry.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -99,6 +103,10 @@ def library() -> ctypes.CDLL:
                     for src, isa in SOURCES.items()]
             for proc, src in jobs:
                 _, err = proc.communicate()
+                if proc.returncode != 0 and src in OPTIONAL:       # an older compiler: this path is left out
+                    proc = subprocess.run([cxx, *FLAGS, *BASE_ISA, "-DSS_Q8_STUB", "-c", str(src), "-o",
+                                           f"{tmp}/{src.stem}.o"], capture_output=True, text=True)
+                    err = proc.stderr
                 if proc.returncode != 0:
                     raise RuntimeError(f"building the native kernels failed ({src.name}): {err.strip()[-2000:]}")
             proc = subprocess.run([cxx, "-fopenmp", "-shared", *(f"{tmp}/{src.stem}.o" for src in SOURCES),

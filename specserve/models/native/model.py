@@ -2,8 +2,9 @@
 
 Implements the decoder protocol (``specserve.models.decoder``) like ``llama.Transformer``, on a
 different runtime: weights stay in the blocks they were stored in (GGUF blocks; Q4_0 / Q5_0 as the
-Q8_0 blocks that hold them exactly; fp32 for float checkpoints), activations are fp32, and each layer is nine calls into the C++ kernels
-over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
+Q8_0 blocks that hold them exactly; fp32 for float checkpoints), activations are int8 (block weights
+repacked for integer products, ``packed.py``) or fp32 (``activations``), and each layer is nine calls
+into the C++ kernels over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
 header of simd.h), so one token's logits are bit-identical however many tokens, rows or cache
 slots share its pass, for decoding, verification and prompt prefill alike: a prompt prefilled whole,
 in chunks of any size, or beside other sequences' decoding leaves the same bits in the cache.

@@ -18,6 +18,8 @@ void ss_q8_linear_avxvnni(const int8_t*, const float*, const float*, const int32
                           const uint8_t*, int, int64_t, const float*, float*, int, int);
 double ss_q8_peak_vnni512(int64_t, int, int32_t*);
 double ss_q8_peak_avxvnni(int64_t, int, int32_t*);
+int ss_q8_compiled_vnni512();
+int ss_q8_compiled_avxvnni();
 int64_t ss_row_bytes(int fmt, int64_t K);
 }
 
@@ -29,9 +31,9 @@ bool path_runs(int p) {
   __builtin_cpu_init();
   switch (p) {
     case 0: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case 1: return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512bw");
-    case 2: return __builtin_cpu_supports("avxvnni");
+    case 1: return ss_q8_compiled_vnni512() && __builtin_cpu_supports("avx512vnni") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    case 2: return ss_q8_compiled_avxvnni() && __builtin_cpu_supports("avxvnni");
     default: return false;
   }
 }

@@ -3,4 +3,5 @@
 #define SS_Q8_PATH 2
 #define SS_Q8_ENTRY ss_q8_linear_avxvnni
 #define SS_Q8_PEAK ss_q8_peak_avxvnni
+#define SS_Q8_COMPILED ss_q8_compiled_avxvnni
 #include "q8_entry.h"

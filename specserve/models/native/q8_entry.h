@@ -1,7 +1,23 @@
-// One instruction-set path's entry point (SS_Q8_PATH, SS_Q8_ENTRY defined by the including file):
-// y [M, N] = x W^T for activations already quantized (see q8.h) and a packed weight of format fmt.
+// One instruction-set path's entry points (SS_Q8_PATH, SS_Q8_ENTRY, SS_Q8_PEAK and, for the optional
+// paths, SS_Q8_COMPILED defined by the including file): y [M, N] = x W^T for activations already
+// quantized (see q8.h) and a packed weight of format fmt, and the path's multiply-add ceiling.
+// With SS_Q8_STUB (an optional path the compiler cannot build; compiled without its flags) the
+// entry points do nothing and SS_Q8_COMPILED says 0, so the path is never chosen.
 
+#ifdef SS_Q8_STUB
+#include <cstdint>
+extern "C" {
+void SS_Q8_ENTRY(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t, const uint8_t*, int,
+                 int64_t, const float*, float*, int, int) {}
+double SS_Q8_PEAK(int64_t, int, int32_t*) { return 0.0; }
+int SS_Q8_COMPILED() { return 0; }
+}
+#else
 #include "q8.h"
+
+#ifdef SS_Q8_COMPILED
+extern "C" int SS_Q8_COMPILED() { return 1; }
+#endif
 
 extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, const int32_t* hs, int64_t M,
                             int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias, float* y,
@@ -46,3 +62,4 @@ extern "C" double SS_Q8_PEAK(int64_t iters, int threads, int32_t* sink) {
   }
   return omp_get_wtime() - t0;
 }
+#endif  // SS_Q8_STUB

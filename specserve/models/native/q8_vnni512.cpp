@@ -3,4 +3,5 @@
 #define SS_Q8_PATH 1
 #define SS_Q8_ENTRY ss_q8_linear_vnni512
 #define SS_Q8_PEAK ss_q8_peak_vnni512
+#define SS_Q8_COMPILED ss_q8_compiled_vnni512
 #include "q8_entry.h"

@@ -1,4 +1,5 @@
-// specserve native CPU kernels (simd.h: shared helpers; linear.cpp; layer_ops.cpp): AVX2 + FMA + F16C, fp32 activations, OpenMP over independent work.
+// specserve native CPU kernels (simd.h: shared helpers; linear.cpp; layer_ops.cpp; q8.h: the int8-activation
+// linears): AVX2 + FMA + F16C, fp32 or int8 activations, OpenMP over independent work.
 //
 // Every kernel computes each output element with one fixed sequence of floating-point operations
 // that depends only on that element's inputs, never on how many rows, tokens or cache slots share
@@ -6,7 +7,8 @@
 // by construction: a token scored alone in a decoding pass and inside a (k+1)-token verification
 // pass, alone or batched, gets bit-identical logits.
 //
-//   linear:    y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) (+ y[m, n] when accumulating).
+//   linear:    y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) (+ y[m, n] when accumulating).  (With int8
+//              activations: q8.h, which states its own invariance argument.)
 //              w is stored as GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) or as F16/F32 rows and dequantized
 //              exactly (the values gguf's reference dequantizer produces).  One 8-lane FMA
 //              accumulator per output element runs over k in increasing order; the 8 lanes are
