@@ -154,11 +154,11 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, in
     const uint8_t* blk[NG];
 #pragma GCC unroll 8
     for (int g = 0; g < NG; ++g) blk[g] = w + (g0 + g) * gstride + b * block_bytes<P>();
-    __m256i ia[MB][NG], half[MB][NG];
+    __m256i ia[MB][NG], ib[MB][NG], half[MB][NG];
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 8
-      for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_setzero_si256();
+      for (int g = 0; g < NG; ++g) ia[i][g] = ib[i][g] = _mm256_setzero_si256();
     if constexpr (P::bits == 4 && kPairSums16) {
       // 4-bit values: vpmaddubsw pair sums (<= 2 * 15 * 127) added in int16 over the block's 8 steps
       // (<= 30480, no saturation), widened once: the same exact sums with one multiply per step.
@@ -204,9 +204,27 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, in
       for (int i = 0; i < MB; ++i) {
         const __m256i yb = _mm256_set1_epi32(load4(a.q + (m0 + i) * a.K + b * 32 + 4 * s));
 #pragma GCC unroll 8
-        for (int g = 0; g < NG; ++g) ia[i][g] = dot4<P>(ia[i][g], wv[g], yb);
+        for (int g = 0; g < NG; ++g) {
+          if (s & 1) ib[i][g] = dot4<P>(ib[i][g], wv[g], yb);      // odd steps in a chain of their own
+          else ia[i][g] = dot4<P>(ia[i][g], wv[g], yb);
+        }
+      }
+      if constexpr (P::halves) {
+        if (s == 3) {
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+            for (int g = 0; g < NG; ++g) {
+              ia[i][g] = _mm256_add_epi32(ia[i][g], ib[i][g]);
+              ib[i][g] = _mm256_setzero_si256();
+            }
+        }
       }
     }
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+      for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_add_epi32(ia[i][g], ib[i][g]);   // exact: the same sums
     }
 #pragma GCC unroll 8
     for (int g = 0; g < NG; ++g) {
