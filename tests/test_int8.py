@@ -168,6 +168,40 @@ def test_activations_setting():
     assert torch.equal(int8.weight_rows("embed", torch.tensor([3, 9])), f32.weight_rows("embed", torch.tensor([3, 9])))
 
 
+def test_float_weights_quantized_to_q8_0_for_the_heads():
+    """quantize_q8_0: every value within half a step of the original (the step d = max|w| / 127 of its
+    block, plus the fp16 rounding of d), zero blocks stay zero, and what the int8 kernels compute from
+    it is close to the float product."""
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(3))
+    w[5, :32] = 0
+    q = pk.quantize_q8_0(w)
+    back = q.dequantize()
+    step = (w.view(24, 3, 32).abs().amax(-1, keepdim=True) / 127).expand(24, 3, 32).reshape(24, 96)
+    assert ((back - w).abs() <= step * 0.5 + w.abs() * 1e-3 + 1e-7).all()
+    assert int(back[5, :32].abs().sum()) == 0
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(4))
+    got = nt.linear(x, pk.PackedWeight.pack(q))
+    assert ((got - x @ w.T).norm() / (x @ w.T).norm()).item() < 0.02
+
+
 def test_int8_ceiling_is_measured():
     assert pk.int8_peak(0.05) > 1e9 and nt.fma_peak(0.05) > 1e8
     assert np.isfinite(pk.int8_peak(0.05))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_learned_heads_run_on_the_int8_kernels_and_keep_greedy_identity(kind):
+    """On a target with int8 activations a head's matrix products run as Q8_0 blocks on the int8
+    kernels; drafting (k = 4) still gives plain decoding's tokens."""
+    from conftest import tiny_head
+    from specserve.drafters import create
+    from specserve.engine import Engine, Request
+
+    target = tiny_model(seed=41, vocab=64, layers=3, kernels="native-int8")
+    d = create(kind, target, head=tiny_head(kind, target))
+    assert isinstance(d.lm.w, pk.PackedWeight)
+    prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7, 9]
+    plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
+    ref = plain.generate([Request(prompt, 24)])[0].tokens
+    eng = Engine(target, {kind: d}, max_batch=1, max_len=128)
+    assert eng.generate([Request(prompt, 24, drafter=kind, num_draft=4)])[0].tokens == ref

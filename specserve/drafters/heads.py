@@ -62,15 +62,20 @@ def open_head(kind: str, spec: str, target) -> tuple[HeadConfig, torch.nn.Module
 
 
 class Matmul:
-    """y = x W^T (+ b) with the target runtime's own AVX2 kernels (weights kept in float16) when it is
-    the native CPU runtime, else plain float32 torch.  Heads run on the CPU whatever the target's
-    device (their inputs are moved there)."""
+    """y = x W^T (+ b) with the target runtime's own kernels when it is the native CPU runtime
+    (weights as Q8_0 blocks on the int8 kernels when the target runs int8 activations, else kept in
+    float16), else plain float32 torch.  Heads run on the CPU whatever the target's device (their
+    inputs are moved there)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, model):
         self.native = getattr(model, "kernel", "") == "native"
         if self.native:
             from specserve.models.native import F16, NativeWeight
-            self.w = NativeWeight.from_float(weight.detach().float(), F16)
+            from specserve.models.native.packed import PackedWeight, quantize_q8_0
+            if getattr(model, "activations", "f32") == "int8" and weight.shape[1] % 32 == 0:
+                self.w = PackedWeight.pack(quantize_q8_0(weight))
+            else:
+                self.w = NativeWeight.from_float(weight.detach().float(), F16)
             self.b = bias.detach().float().contiguous() if bias is not None else None
         else:
             self.w = weight.detach().to("cpu", torch.float32)

@@ -150,7 +150,26 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-class NativeWeight:
+class BlockWeight:
+    """What every weight the kernels read has: uint8 ``data``, a format ``fmt`` and ``shape`` [out, in]."""
+
+    data: torch.Tensor
+    fmt: int
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 values the kernels use: [out, in]."""
+        n, k = self.shape
+        out, idx = torch.empty(n, k), torch.arange(n)
+        library().ss_embed(idx.data_ptr(), n, self.data.data_ptr(), self.fmt, k, out.data_ptr())
+        return out
+
+
+class NativeWeight(BlockWeight):
     """A weight matrix [out, in] as the native kernels read it: rows of ``fmt`` blocks (uint8)."""
 
     def __init__(self, data: torch.Tensor, fmt: int, shape: tuple[int, int]):
@@ -172,17 +191,6 @@ class NativeWeight:
         else:
             raise ValueError(f"cannot store a float tensor as {FORMAT_NAMES[fmt]}")
         return cls(data.view(torch.uint8).reshape(w.shape[0], -1), fmt, tuple(w.shape))
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    def dequantize(self) -> torch.Tensor:
-        """The exact fp32 values the kernels use: [out, in]."""
-        n, k = self.shape
-        out, idx = torch.empty(n, k), torch.arange(n)
-        library().ss_embed(idx.data_ptr(), n, self.data.data_ptr(), self.fmt, k, out.data_ptr())
-        return out
 
     @staticmethod
     def cat(parts: list["NativeWeight"]) -> "NativeWeight":

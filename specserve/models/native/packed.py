@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from specserve.models.native import FORMAT_NAMES, NativeWeight, library
+from specserve.models.native import FORMAT_NAMES, BlockWeight, NativeWeight, library
 
 PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
 PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2}
 ACTIVATIONS = ("auto", "int8", "f32")
 
 
-class PackedWeight:
-    """A GGUF block weight [out, in] repacked for the int8 kernels (uint8 data, ``fmt`` = PACKED + source)."""
+class PackedWeight(BlockWeight):
+    """A GGUF block weight [out, in] repacked for the int8 kernels (uint8 data, ``fmt`` = PACKED + source);
+    ``dequantize`` gives the exact values of the blocks it was packed from."""
 
     def __init__(self, data: torch.Tensor, fmt: int, shape: tuple[int, int]):
         self.data, self.fmt, self.shape = data, fmt, shape
@@ -35,20 +36,23 @@ class PackedWeight:
         library().ss_pack(w.data.data_ptr(), w.fmt, n, k, out.data_ptr())
         return cls(out, PACKED + w.fmt, (n, k))
 
-    @property
-    def source_fmt(self) -> int:
-        return self.fmt - PACKED
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
 
-    def dequantize(self) -> torch.Tensor:
-        """The exact fp32 values of the blocks it was packed from: [out, in]."""
-        n, k = self.shape
-        out, idx = torch.empty(n, k), torch.arange(n)
-        library().ss_embed(idx.data_ptr(), n, self.data.data_ptr(), self.fmt, k, out.data_ptr())
-        return out
+def quantize_q8_0(w: torch.Tensor) -> NativeWeight:
+    """Float weights [out, in] as Q8_0 blocks: per block of 32, q = round(w * 127 / max|w|) and
+    d = max|w| / 127 stored as fp16 (for weights that have no GGUF blocks of their own, e.g. a learned
+    drafter head's, to run on the int8 kernels)."""
+    n, k = w.shape
+    if k % 32:
+        raise ValueError(f"in_features {k} is not a multiple of 32 (q8_0)")
+    x = w.detach().to(torch.float32).reshape(n, k // 32, 32)
+    d = x.abs().amax(-1, keepdim=True) / 127                                           # [n, b, 1]
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(x * inv).clamp(-127, 127).to(torch.int8)                           # [n, b, 32]
+    d16 = d.to(torch.float16).view(torch.uint8).reshape(n, k // 32, 2)
+    blocks = torch.cat([d16, q.view(torch.uint8)], -1)
+    from specserve.models.native import Q8_0
+    return NativeWeight(blocks.reshape(n, -1).contiguous(), Q8_0, (n, k))
 
 
 def packable(w) -> bool:
