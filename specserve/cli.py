@@ -188,36 +188,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
-    from specserve.bench.costs import cost_curve
+    from specserve.bench.costs import cost_curve, roofline
     from specserve.bench.profile import format_profile, profile_pass, runtime_name
-    from specserve.bench.report import cost_table
+    from specserve.bench.report import cost_table, roofline_line
+    from specserve.control import calibrate
     from specserve.models.loader import RuntimeOptions, load_model
 
     tokens = _ints(args.tokens, "--tokens")
     if not tokens or min(tokens) < 1 or args.batch < 1 or args.context < 1 or args.reps < 1:
         raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
     batches = _ints(args.cost_batches, "--cost-batches")
-    rows, curves = [], {}
+    rows, curves, rooflines, cost_models = [], {}, [], []
     runtimes = [RuntimeOptions(kernels=k.split(":")[0], activations=(k.split(":") + ["auto"])[1])
                 for k in (k.strip() for k in args.runtimes.split(",")) if k]
-    for opts in runtimes:
+    for opts in runtimes:                          # each runtime loaded once, measured every way
         lm = load_model(args.model, opts)
+        name = runtime_name(lm)
         for t in tokens:
             rows.append(profile_pass(lm, t, args.context, args.reps, args.batch))
         if batches:
-            curves[runtime_name(lm)] = cost_curve(lm, tokens, batches, args.context)
+            curves[name] = cost_curve(lm, tokens, batches, args.context)
+        rooflines.append(f"\nroofline ({name}):" + roofline_line(roofline(lm)))
+        cost_models.append("\n".join([f"\ncost model the engine calibrates ({name}): a pass of N tokens at "
+                                       "context 64, and the attention term", *calibrate(lm.model).describe()]))
+        del lm
     print(format_profile(rows))
-    from specserve.bench.costs import roofline
-    from specserve.bench.report import roofline_line
-    for opts in runtimes:
-        lm = load_model(args.model, opts)
-        print(f"\nroofline ({runtime_name(lm)}):" + roofline_line(roofline(lm)))
-    from specserve.control import calibrate
-    for opts in runtimes:
-        lm = load_model(args.model, opts)
-        print(f"\ncost model the engine calibrates ({runtime_name(lm)}): a pass of N tokens at "
-              "context 64, and the attention term")
-        print("\n".join(calibrate(lm.model).describe()))
+    print("\n".join(rooflines))
+    print("\n".join(cost_models))
     for kernels, curve in curves.items():
         print(f"\ncost curve, kernels={kernels}, context {args.context}: ms per pass (relative to 1 token)")
         print("\n".join(cost_table(curve)))

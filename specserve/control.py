@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 # ------------------------------------------------------------------------------------------ cost
-LONG_RUN = 16      # a sequence's run of this many tokens in a pass shares key reads (native attention)
+LONG_RUN = 16      # a sequence's run of this many tokens in a pass (a prompt chunk) has its own measured attention term
 
 
 @dataclass

@@ -38,8 +38,9 @@ def roofline(lm: LoadedModel) -> dict:
     if native:
         from specserve.models.native import packed
         out |= {"int8_multiply_adds_per_s": packed.int8_peak(), "int8_path": packed.current_path()}
-    runs = out["int8_multiply_adds_per_s"] if getattr(lm.model, "activations", "f32") == "int8" else macs
-    return out | {"activations": getattr(lm.model, "activations", "f32"),
+    activations = getattr(lm.model, "activations", "f32")
+    runs = out["int8_multiply_adds_per_s"] if activations == "int8" else macs
+    return out | {"activations": activations,
                   "compute_ceiling_tok_s": runs / lm.config.num_params,
                   "compute_ms_per_token": 1e3 * lm.config.num_params / runs}
 

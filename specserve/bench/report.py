@@ -239,7 +239,8 @@ def roofline_line(r: dict) -> str:
 def _ceilings(r: dict) -> str:
     """The multiply-add ceilings of the roofline card, fp32 and int8, and the compute-bound ceiling of
     the activations the model runs."""
-    if not r.get("multiply_adds_per_s") == r.get("multiply_adds_per_s") or "multiply_adds_per_s" not in r:
+    macs = r.get("multiply_adds_per_s")
+    if macs is None or macs != macs:                  # not measured (no native kernels): nan
         return ""
     text = f" Measured multiply-add ceilings (every core): fp32 {r['multiply_adds_per_s'] / 1e9:.1f} G/s (AVX2+FMA)"
     if "int8_multiply_adds_per_s" in r:

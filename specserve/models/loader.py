@@ -23,6 +23,7 @@ from specserve.models import native as native_fmt
 from specserve.models.llama import Transformer
 from specserve.models.native import NativeWeight
 from specserve.models.native.model import NativeTransformer
+from specserve.models.native.packed import ACTIVATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -66,8 +67,8 @@ class RuntimeOptions:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecserveError(f"unknown device {self.device!r}; use cpu or cuda[:N]")
         kernels, attention = self.kernels, self.attention
-        if self.activations not in ("auto", "int8", "f32"):
-            raise SpecserveError(f"unknown activations {self.activations!r}; choose from auto, int8, f32")
+        if self.activations not in ACTIVATIONS:
+            raise SpecserveError(f"unknown activations {self.activations!r}; choose from {', '.join(ACTIVATIONS)}")
         on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
         if kernels == "auto":
             if on_cpu_fp32 and attention in ("auto", "native") and native.unavailable_reason() is None:

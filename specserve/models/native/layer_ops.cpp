@@ -8,14 +8,10 @@ namespace ss {
 namespace {
 
 // Queries sharing one kv head processed together by attention, so that each key and value block
-// read from memory serves all of them: 4 for short runs (decoding and verification: more tasks to
-// spread over the threads), 16 for a sequence of at least LONG_RUN tokens (a prompt chunk, where
-// reading the cached keys and values once per 4 queries made attention memory-bound).  Chosen by
-// A/B timing; the grouping never changes a result's bits.
-constexpr int64_t ATT_QG_SHORT = 16;
-constexpr int64_t ATT_QG_MAX = 16;
-constexpr int64_t LONG_RUN = 16;
-inline int64_t query_group(int64_t tokens) { return tokens >= LONG_RUN ? ATT_QG_MAX : ATT_QG_SHORT; }
+// read from memory serves all of them: up to 16, for decoding, verification and prompt chunks alike
+// (chosen by A/B timing: groups of 4 for runs under 16 tokens were no faster once o stays in
+// registers); the grouping never changes a result's bits.
+constexpr int64_t ATT_QG = 16;
 // Longest path a tree pass may hold (the Python side refuses larger tree passes).
 constexpr int64_t MAX_TREE_TOKENS = 256;
 
@@ -177,10 +173,10 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
                   const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
                   int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out) {
   const int64_t G = H / Hkv;
-  // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to query_group(T_b) of its T_b * G queries
+  // task table: sequence b has Hkv * chunks(b) tasks, chunks of up to ATT_QG of its T_b * G queries
   std::vector<int64_t> first_task(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t_b = offsets[b + 1] - offsets[b], per_head = t_b * G, qg = query_group(t_b);
+    const int64_t t_b = offsets[b + 1] - offsets[b], per_head = t_b * G, qg = ATT_QG;
     first_task[b + 1] = first_task[b] + Hkv * ((per_head + qg - 1) / qg);
   }
   const int64_t tasks = first_task[B];
@@ -188,24 +184,24 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
   constexpr int64_t KEY_CHUNK = 64;
 #pragma omp parallel num_threads(threads())
   {
-    float* s = static_cast<float*>(std::aligned_alloc(64, ATT_QG_MAX * stride * 4));
-    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((ATT_QG_MAX * D * 4 + 63) / 64) * 64));
-    int64_t path[ATT_QG_MAX][MAX_TREE_TOKENS];
+    float* s = static_cast<float*>(std::aligned_alloc(64, ATT_QG * stride * 4));
+    float* obuf = static_cast<float*>(std::aligned_alloc(64, ((ATT_QG * D * 4 + 63) / 64) * 64));
+    int64_t path[ATT_QG][MAX_TREE_TOKENS];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       int64_t b = 0;
       while (first_task[b + 1] <= task) ++b;
       const int64_t local = task - first_task[b], t_b = offsets[b + 1] - offsets[b], per_head = t_b * G;
-      const int64_t qg = query_group(t_b), chunks = (per_head + qg - 1) / qg;
+      const int64_t qg = ATT_QG, chunks = (per_head + qg - 1) / qg;
       const int64_t chunk = local % chunks, hk = local / chunks;
       const int64_t q0 = chunk * qg, nq = per_head - q0 < qg ? per_head - q0 : qg;
       const int64_t base = (rows[b] * Hkv + hk) * C * D, s0 = start[b], o0 = offsets[b];
       const float *kb = kc + base, *vb = vc + base;
-      const float* qv[ATT_QG_MAX];
-      float* ov[ATT_QG_MAX];
-      KeyPath kp[ATT_QG_MAX], vp[ATT_QG_MAX];
-      int64_t n[ATT_QG_MAX], lo[ATT_QG_MAX], nmax = 0;
-      float inv[ATT_QG_MAX];
+      const float* qv[ATT_QG];
+      float* ov[ATT_QG];
+      KeyPath kp[ATT_QG], vp[ATT_QG];
+      int64_t n[ATT_QG], lo[ATT_QG], nmax = 0;
+      float inv[ATT_QG];
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = (q0 + i) / G, h = hk * G + (q0 + i) % G, bt = o0 + t;
         qv[i] = q + (bt * H + h) * D;
@@ -228,7 +224,7 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
       }
       // 1. scores, 8 keys at a time (a chain's group may read cache slots past n: the capacity is
       //    a multiple of 8; those lanes are masked).  A score's bits depend only on q and k_j.
-      __m256 mxv[ATT_QG_MAX];
+      __m256 mxv[ATT_QG];
       for (int64_t i = 0; i < nq; ++i) mxv[i] = _mm256_set1_ps(-INFINITY);
       for (int64_t j = 0; j < nmax; j += 8) {
         for (int64_t i = 0; i < nq; ++i) {

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "simd.h"
+#include "blocks.h"
 
 extern "C" {
 void ss_q8_linear_vnni512(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
@@ -26,7 +26,14 @@ int64_t ss_row_bytes(int fmt, int64_t K);
 namespace ss {
 namespace {
 
-// Paths: 0 AVX2 (always), 1 AVX512-VNNI, 2 AVX-VNNI.
+// Paths: 0 AVX2 (always), 1 AVX512-VNNI, 2 AVX-VNNI: each one's product and ceiling.
+using LinearFn = void (*)(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+using PeakFn = double (*)(int64_t, int, int32_t*);
+struct Path { LinearFn linear; PeakFn peak; };
+const Path kPaths[3] = {{ss_q8_linear_avx2, ss_q8_peak_avx2}, {ss_q8_linear_vnni512, ss_q8_peak_vnni512},
+                        {ss_q8_linear_avxvnni, ss_q8_peak_avxvnni}};
+
 bool path_runs(int p) {
   __builtin_cpu_init();
   switch (p) {
@@ -41,23 +48,16 @@ bool path_runs(int p) {
 int best_path() { return path_runs(1) ? 1 : path_runs(2) ? 2 : 0; }
 int g_path = -1;   // -1: not chosen yet (the best the CPU runs)
 
+// A packed format's traits (q8.h's PQ structs) as run-time values, for the code that packs and
+// reads back one block at a time.
 struct Traits { int bits, bias; bool f16, min, halves; };
 bool traits(int fmt, Traits* t) {
-  switch (fmt) {
-    case Q8_0: *t = {8, 128, true, false, false}; return true;
-    case Q5_0: *t = {8, 16, true, false, false}; return true;
-    case Q5_1: *t = {8, 0, true, true, false}; return true;
-    case Q5_K: *t = {8, 0, false, true, false}; return true;
-    case Q6_K: *t = {8, 32, false, false, true}; return true;
-    case Q4_0: *t = {4, 8, true, false, false}; return true;
-    case Q4_1: *t = {4, 0, true, true, false}; return true;
-    case Q4_K: *t = {4, 0, false, true, false}; return true;
-    default: return false;
-  }
+  return with_format(fmt, [&](auto p) {
+    using P = decltype(p);
+    *t = {P::bits, P::bias, P::f16, P::min, P::halves};
+  });
 }
-int64_t block_bytes_of(const Traits& t) {
-  return (t.bits == 8 ? 256 : 128) + (t.f16 ? 16 : 32) * (t.min ? 2 : 1) + (t.halves ? 16 : 0);
-}
+int64_t block_bytes_of(const Traits& t) { return block_bytes_for(t.bits, t.f16, t.min, t.halves); }
 
 // One 32-element block (index j) of a GGUF row, as the packed layout stores it: value bytes u
 // (w = dw * (u - bias) + mw), the scale and offset (fp16 bits where the format stores fp16, else
@@ -69,28 +69,18 @@ struct Unpacked {
   int8_t sc[2];
 };
 
-void kscale6(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
   auto f16bits = [](const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return h; };
   auto nib = [](const uint8_t* qs, int l) { return l < 16 ? qs[l] & 15 : qs[l - 16] >> 4; };
   switch (fmt) {
     case Q8_0: {
-      const uint8_t* p = row + j * 34;
+      const uint8_t* p = row + j * Blk<Q8_0>::bytes;
       o->dw16 = f16bits(p);
       for (int l = 0; l < 32; ++l) o->u[l] = static_cast<uint8_t>(p[2 + l] ^ 0x80);
       break;
     }
     case Q4_0: case Q4_1: {
-      const int bytes = fmt == Q4_0 ? 18 : 20, qoff = fmt == Q4_0 ? 2 : 4;
+      const int bytes = fmt == Q4_0 ? Blk<Q4_0>::bytes : Blk<Q4_1>::bytes, qoff = fmt == Q4_0 ? 2 : 4;
       const uint8_t* p = row + j * bytes;
       o->dw16 = f16bits(p);
       if (fmt == Q4_1) o->mw16 = f16bits(p + 2);
@@ -98,7 +88,7 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
       break;
     }
     case Q5_0: case Q5_1: {
-      const int bytes = fmt == Q5_0 ? 22 : 24, hoff = fmt == Q5_0 ? 2 : 4;
+      const int bytes = fmt == Q5_0 ? Blk<Q5_0>::bytes : Blk<Q5_1>::bytes, hoff = fmt == Q5_0 ? 2 : 4;
       const uint8_t* p = row + j * bytes;
       o->dw16 = f16bits(p);
       if (fmt == Q5_1) o->mw16 = f16bits(p + 2);
@@ -109,10 +99,10 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
     }
     case Q4_K: case Q5_K: {
       const bool five = fmt == Q5_K;
-      const uint8_t* p = row + (j / 8) * (five ? 176 : 144);
+      const uint8_t* p = row + (j / 8) * (five ? Blk<Q5_K>::bytes : Blk<Q4_K>::bytes);
       const int s = static_cast<int>(j % 8);
       int sc, mn;
-      kscale6(p + 4, s, &sc, &mn);
+      kscale(p + 4, s, &sc, &mn);
       o->dw = h2f(p) * static_cast<float>(sc);
       o->mw = -(h2f(p + 2) * static_cast<float>(mn));
       const uint8_t* qs = p + (five ? 48 : 16) + 32 * (s / 2);
@@ -124,7 +114,7 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
       break;
     }
     case Q6_K: {
-      const uint8_t* p = row + (j / 8) * 210;
+      const uint8_t* p = row + (j / 8) * Blk<Q6_K>::bytes;
       const int s = static_cast<int>(j % 8), h = s / 4, g = s % 4;
       const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
       const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
@@ -142,8 +132,8 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
 }
 
 // The exact value of element l of an unpacked block, as gguf's reference dequantizer computes it.
-float value(int fmt, const Traits& t, const uint8_t* blk, int r, int l) {
-  const int vb = t.bits == 8 ? 256 : 128, sb = t.f16 ? 16 : 32;
+float value(const Traits& t, const uint8_t* blk, int r, int l) {
+  const int vb = value_bytes_for(t.bits), sb = scale_bytes_for(t.f16);
   int u;
   if (t.bits == 8) {
     u = blk[32 * (l / 4) + 4 * r + l % 4];
@@ -161,7 +151,6 @@ float value(int fmt, const Traits& t, const uint8_t* blk, int r, int l) {
     const int8_t sc = reinterpret_cast<const int8_t*>(blk + vb + sb)[8 * (l / 16) + r];
     return (dw * static_cast<float>(sc)) * static_cast<float>(u - t.bias);
   }
-  (void)fmt;
   return dw * static_cast<float>(u - t.bias);
 }
 
@@ -216,13 +205,7 @@ int ss_q8_set_path(int p) {
 int ss_q8_path() { return g_path < 0 ? best_path() : g_path; }
 
 // The int8 multiply-add ceiling of the path in use (see SS_Q8_PEAK): seconds for `iters` rounds.
-double ss_int8_peak(int64_t iters, int32_t* sink) {
-  switch (ss_q8_path()) {
-    case 1: return ss_q8_peak_vnni512(iters, threads(), sink);
-    case 2: return ss_q8_peak_avxvnni(iters, threads(), sink);
-    default: return ss_q8_peak_avx2(iters, threads(), sink);
-  }
-}
+double ss_int8_peak(int64_t iters, int32_t* sink) { return kPaths[ss_q8_path()].peak(iters, threads(), sink); }
 
 // Bytes of the packed form of an [N, K] weight of GGUF format fmt (-1: not packable).
 int64_t ss_packed_bytes(int fmt, int64_t N, int64_t K) {
@@ -236,7 +219,7 @@ void ss_pack(const uint8_t* w, int fmt, int64_t N, int64_t K, uint8_t* out) {
   Traits t;
   if (!traits(fmt, &t)) return;
   const int64_t rb = ss_row_bytes(fmt, K), nb = K / 32, bb = block_bytes_of(t), groups = (N + 7) / 8;
-  const int vb = t.bits == 8 ? 256 : 128, sb = t.f16 ? 16 : 32;
+  const int vb = value_bytes_for(t.bits), sb = scale_bytes_for(t.f16);
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t j = 0; j < nb; ++j) {
@@ -281,7 +264,7 @@ void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt
     const int r = static_cast<int>(tokens[i] % 8);
     for (int64_t j = 0; j < nb; ++j) {
       const uint8_t* blk = w + (g * nb + j) * bb;
-      for (int l = 0; l < 32; ++l) out[i * K + 32 * j + l] = value(fmt, t, blk, r, l);
+      for (int l = 0; l < 32; ++l) out[i * K + 32 * j + l] = value(t, blk, r, l);
     }
   }
 }
@@ -303,11 +286,7 @@ void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pf
   float* sx = d + M * nb;
   int32_t* hs = reinterpret_cast<int32_t*>(sx + M * nb);
   ss_quantize_rows(x, M, K, q, d, sx, hs);
-  switch (ss_q8_path()) {
-    case 1: ss_q8_linear_vnni512(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
-    case 2: ss_q8_linear_avxvnni(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
-    default: ss_q8_linear_avx2(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads()); break;
-  }
+  kPaths[ss_q8_path()].linear(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads());
   std::free(buf);
 }
 

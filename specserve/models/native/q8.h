@@ -58,10 +58,30 @@ struct PQ4_0 { static constexpr int bits = 4, bias = 8; static constexpr bool f1
 struct PQ4_1 { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = true, min = true, halves = false; };
 struct PQ4_K { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = false, min = true, halves = false; };
 
-template <class P> constexpr int value_bytes() { return P::bits == 8 ? 256 : 128; }
-template <class P> constexpr int scale_bytes() { return P::f16 ? 16 : 32; }
-template <class P> constexpr int block_bytes() {
-  return value_bytes<P>() + scale_bytes<P>() * (P::min ? 2 : 1) + (P::halves ? 16 : 0);
+constexpr int value_bytes_for(int bits) { return bits == 8 ? 256 : 128; }
+constexpr int scale_bytes_for(bool f16) { return f16 ? 16 : 32; }
+constexpr int block_bytes_for(int bits, bool f16, bool min, bool halves) {
+  return value_bytes_for(bits) + scale_bytes_for(f16) * (min ? 2 : 1) + (halves ? 16 : 0);
+}
+template <class P> constexpr int value_bytes() { return value_bytes_for(P::bits); }
+template <class P> constexpr int scale_bytes() { return scale_bytes_for(P::f16); }
+template <class P> constexpr int block_bytes() { return block_bytes_for(P::bits, P::f16, P::min, P::halves); }
+
+// f(P{}) for the traits P of GGUF format fmt (the Fmt ids of simd.h, which this header does not
+// include: see the top); false when fmt has no int8 kernels.
+template <class F>
+inline bool with_format(int fmt, F&& f) {
+  switch (fmt) {
+    case 2: f(PQ8_0{}); return true;
+    case 3: f(PQ4_1{}); return true;
+    case 4: f(PQ4_0{}); return true;
+    case 5: f(PQ5_0{}); return true;
+    case 6: f(PQ5_1{}); return true;
+    case 7: f(PQ4_K{}); return true;
+    case 8: f(PQ5_K{}); return true;
+    case 9: f(PQ6_K{}); return true;
+    default: return false;
+  }
 }
 
 // Quantized activations of M rows: q [M, K] int8; per row and 32-block: d (scale), sx (d * sum q),
@@ -139,196 +159,150 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-// MB tokens (rows m0.. of the activations) x NG groups of 8 output rows starting at group g0.
-// y rows have stride N; rows past N (the padded group's) are not written.
-template <class P, int MB, int NG>
-inline void tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, int64_t m0, float* y, int64_t N,
-                 const float* bias, bool accumulate) {
-  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>();
-  __m256 acc[MB][NG];
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) acc[i][g] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk[NG];
-#pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) blk[g] = w + (g0 + g) * gstride + b * block_bytes<P>();
-    __m256i ia[MB][NG], ib[MB][NG], half[MB][NG];
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-      for (int g = 0; g < NG; ++g) ia[i][g] = ib[i][g] = _mm256_setzero_si256();
-    if constexpr (P::bits == 4 && kPairSums16) {
-      // 4-bit values: vpmaddubsw pair sums (<= 2 * 15 * 127) added in int16 over the block's 8 steps
-      // (<= 30480, no saturation), widened once: the same exact sums with one multiply per step.
-      __m256i p16[MB][NG];
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-        for (int g = 0; g < NG; ++g) p16[i][g] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int s = 0; s < 8; ++s) {
-        __m256i wv[NG];
-#pragma GCC unroll 8
-        for (int g = 0; g < NG; ++g) wv[g] = step_values<P>(blk[g], s);
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const __m256i yb = _mm256_set1_epi32(load4(a.q + (m0 + i) * a.K + b * 32 + 4 * s));
-#pragma GCC unroll 8
-          for (int g = 0; g < NG; ++g) p16[i][g] = _mm256_add_epi16(p16[i][g], _mm256_maddubs_epi16(wv[g], yb));
-        }
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-        for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_madd_epi16(p16[i][g], _mm256_set1_epi16(1));
-    } else {
+// The exact integer sums of one block for MB tokens against one group's 8 rows: I[i] (lane r: row r)
+// is sum_k w[r, k] qx_i[k] (Q6_K: half[i] the first 16 elements', I[i] the second's), before the
+// bias correction.  Odd and even steps run in two chains (shorter dependencies; the same sums).
+template <class P, int MB>
+inline void block_sums(const uint8_t* blk, const Act& a, int64_t m0, int64_t b, __m256i* I, __m256i* half) {
+  const int8_t* x = a.q + m0 * a.K + b * 32;                   // token i's block: x + i * a.K
+  if constexpr (P::bits == 4 && kPairSums16) {
+    // 4-bit values: vpmaddubsw pair sums (<= 2 * 15 * 127) added in int16 over the block's 8 steps
+    // (<= 30480, no saturation), widened once: the same exact sums with one multiply per step.
+    __m256i p16[MB];
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) p16[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
-      if constexpr (P::halves) {
-        if (s == 4) {                 // Q6_K: the first half's sums, kept apart for their own scale
+      const __m256i wv = step_values<P>(blk, s);
+#pragma GCC unroll 10
+      for (int i = 0; i < MB; ++i)
+        p16[i] = _mm256_add_epi16(p16[i], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(load4(x + i * a.K + 4 * s))));
+    }
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) I[i] = _mm256_madd_epi16(p16[i], _mm256_set1_epi16(1));
+  } else {
+    __m256i odd[MB];
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) I[i] = odd[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-          for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-            for (int g = 0; g < NG; ++g) {
-              half[i][g] = ia[i][g];
-              ia[i][g] = _mm256_setzero_si256();
-            }
-        }
-      }
-      __m256i wv[NG];
-#pragma GCC unroll 8
-      for (int g = 0; g < NG; ++g) wv[g] = prepare<P>(step_values<P>(blk[g], s));
-#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      const __m256i wv = prepare<P>(step_values<P>(blk, s));
+#pragma GCC unroll 10
       for (int i = 0; i < MB; ++i) {
-        const __m256i yb = _mm256_set1_epi32(load4(a.q + (m0 + i) * a.K + b * 32 + 4 * s));
-#pragma GCC unroll 8
-        for (int g = 0; g < NG; ++g) {
-          if (s & 1) ib[i][g] = dot4<P>(ib[i][g], wv[g], yb);      // odd steps in a chain of their own
-          else ia[i][g] = dot4<P>(ia[i][g], wv[g], yb);
-        }
+        const __m256i yb = _mm256_set1_epi32(load4(x + i * a.K + 4 * s));
+        if (s & 1) odd[i] = dot4<P>(odd[i], wv, yb);
+        else I[i] = dot4<P>(I[i], wv, yb);
       }
-      if constexpr (P::halves) {
-        if (s == 3) {
-#pragma GCC unroll 8
-          for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-            for (int g = 0; g < NG; ++g) {
-              ia[i][g] = _mm256_add_epi32(ia[i][g], ib[i][g]);
-              ib[i][g] = _mm256_setzero_si256();
-            }
+      if (P::halves && s == 3) {      // Q6_K: the first half's sums, kept apart for their own scale
+#pragma GCC unroll 10
+        for (int i = 0; i < MB; ++i) {
+          half[i] = _mm256_add_epi32(I[i], odd[i]);
+          I[i] = odd[i] = _mm256_setzero_si256();
         }
       }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-      for (int g = 0; g < NG; ++g) ia[i][g] = _mm256_add_epi32(ia[i][g], ib[i][g]);   // exact: the same sums
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) I[i] = _mm256_add_epi32(I[i], odd[i]);
+  }
+}
+
+// MB tokens (rows m0.. of the activations) x the 8 output rows of group g.  y rows have stride N;
+// rows past N (the padded group's) are not written.
+template <class P, int MB>
+inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t m0, float* y, int64_t N,
+                 const float* bias, bool accumulate) {
+  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>();
+  __m256 acc[MB];
+#pragma GCC unroll 10
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = w + g * gstride + b * block_bytes<P>();
+    __m256i ia[MB], half[MB];
+    block_sums<P, MB>(blk, a, m0, b, ia, half);
+    const __m256 dw = scales8(blk + VB, P::f16);
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (P::min) mw = scales8(blk + VB + SB, P::f16);
+    __m256i sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();
+    if constexpr (P::halves) {
+      sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB)));
+      sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB + 8)));
     }
-#pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) {
-      const __m256 dw = scales8(blk[g] + VB, P::f16);
-      __m256 mw = _mm256_setzero_ps();
-      if constexpr (P::min) mw = scales8(blk[g] + VB + SB, P::f16);
-      __m256i sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) {
+      const int64_t ab = (m0 + i) * a.nb + b;
+      __m256i I;
       if constexpr (P::halves) {
-        const uint8_t* h = blk[g] + VB + SB;
-        sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
-        sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + 8)));
+        const __m256i lo = unbias<P>(half[i], a.hs[2 * ab]), hi = unbias<P>(ia[i], a.hs[2 * ab + 1]);
+        I = _mm256_add_epi32(_mm256_mullo_epi32(lo, sc0), _mm256_mullo_epi32(hi, sc1));
+      } else {
+        I = unbias<P>(ia[i], a.hs[2 * ab] + a.hs[2 * ab + 1]);
       }
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) {
-        const int64_t ab = (m0 + i) * a.nb + b;
-        __m256i I;
-        if constexpr (P::halves) {
-          const __m256i lo = unbias<P>(half[i][g], a.hs[2 * ab]), hi = unbias<P>(ia[i][g], a.hs[2 * ab + 1]);
-          I = _mm256_add_epi32(_mm256_mullo_epi32(lo, sc0), _mm256_mullo_epi32(hi, sc1));
-        } else {
-          I = unbias<P>(ia[i][g], a.hs[2 * ab] + a.hs[2 * ab + 1]);
-        }
-        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab]));
-        acc[i][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), s, acc[i][g]);
-        if constexpr (P::min) acc[i][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.sx[ab]), acc[i][g]);
+      const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), s, acc[i]);
+      if constexpr (P::min) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.sx[ab]), acc[i]);
+    }
+  }
+  const int64_t n0 = g * 8;
+#pragma GCC unroll 10
+  for (int i = 0; i < MB; ++i) {
+    float* dst = y + (m0 + i) * N + n0;
+    if (n0 + 8 <= N) {
+      __m256 v = acc[i];
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+      if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+      _mm256_storeu_ps(dst, v);
+    } else {
+      float t[8];
+      _mm256_storeu_ps(t, acc[i]);
+      for (int64_t r = 0; r < N - n0; ++r) {
+        float v = t[r];
+        if (bias) v += bias[n0 + r];
+        dst[r] = accumulate ? dst[r] + v : v;
       }
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) {
-      const int64_t n0 = (g0 + g) * 8;
-      float* dst = y + (m0 + i) * N + n0;
-      if (n0 + 8 <= N) {
-        __m256 v = acc[i][g];
-        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
-        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-        _mm256_storeu_ps(dst, v);
-      } else {
-        float t[8];
-        _mm256_storeu_ps(t, acc[i][g]);
-        for (int64_t r = 0; r < N - n0; ++r) {
-          float v = t[r];
-          if (bias) v += bias[n0 + r];
-          dst[r] = accumulate ? dst[r] + v : v;
-        }
-      }
-    }
 }
 
-// Tile shapes: tokens per tile and row groups per tile.  AVX2 has 16 vector registers, the AVX-512
-// paths 32 (any shape gives the same bits).
+// Tokens per run of a tile: AVX2 has 16 vector registers, the AVX-512 paths 32 (any number gives the
+// same bits).  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
+// 1-4 tokens, where one weight stream per thread reads fastest.
 #ifndef SS_Q8_MB
-#if SS_Q8_PATH == 1
-#define SS_Q8_MB 8
-#define SS_Q8_NG 1
-#else
-#define SS_Q8_MB 4
-#define SS_Q8_NG 1
+#define SS_Q8_MB (SS_Q8_PATH == 1 ? 8 : 4)
 #endif
-#endif
-constexpr int MB_MAX = SS_Q8_MB, NG_T = SS_Q8_NG;
+constexpr int MB_MAX = SS_Q8_MB;
 
-// All M tokens against NG groups, in runs of at most MB_MAX tokens of near-equal size (9 tokens:
+// All M tokens against group g, in runs of at most MB_MAX tokens of near-equal size (9 tokens:
 // 5 + 4, not 8 + 1), so no run is left to read the weights for one token.
-template <class P, int NG>
-inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g0, const Act& a, int64_t M, float* y, int64_t N,
+template <class P>
+inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
                         const float* bias, bool acc) {
   const int64_t runs = (M + MB_MAX - 1) / MB_MAX;
   int64_t m = 0;
   for (int64_t r = 0; r < runs; ++r) {
     const int64_t size = (M - m) / (runs - r);
     switch (size) {
-      case 1: tile<P, 1, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 2: if constexpr (MB_MAX >= 2) tile<P, 2, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 3: if constexpr (MB_MAX >= 3) tile<P, 3, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 4: if constexpr (MB_MAX >= 4) tile<P, 4, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 5: if constexpr (MB_MAX >= 5) tile<P, 5, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 6: if constexpr (MB_MAX >= 6) tile<P, 6, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 7: if constexpr (MB_MAX >= 7) tile<P, 7, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 8: if constexpr (MB_MAX >= 8) tile<P, 8, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 9: if constexpr (MB_MAX >= 9) tile<P, 9, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
-      case 10: if constexpr (MB_MAX >= 10) tile<P, 10, NG>(w, gstride, g0, a, m, y, N, bias, acc); break;
+      case 1: tile<P, 1>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 2: if constexpr (MB_MAX >= 2) tile<P, 2>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 3: if constexpr (MB_MAX >= 3) tile<P, 3>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 4: if constexpr (MB_MAX >= 4) tile<P, 4>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 5: if constexpr (MB_MAX >= 5) tile<P, 5>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 6: if constexpr (MB_MAX >= 6) tile<P, 6>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 7: if constexpr (MB_MAX >= 7) tile<P, 7>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 8: if constexpr (MB_MAX >= 8) tile<P, 8>(w, gstride, g, a, m, y, N, bias, acc); break;
       default: break;
     }
     m += size;
   }
 }
 
-// Every token against every group: tiles of NG_T groups over the threads, each running all tokens
-// (so a tile's weights are read from memory once per pass and from cache for the later tokens).
+// Every token against every group: the groups split over the threads, each running all tokens (so a
+// group's weights are read from memory once per pass and from cache for the later tokens).
 template <class P>
 void packed_linear(const Act& a, int64_t M, const uint8_t* w, int64_t N, const float* bias, float* y, bool acc,
                    int threads) {
   const int64_t groups = (N + 7) / 8, gstride = a.nb * block_bytes<P>();
-  const int64_t tiles = (groups + NG_T - 1) / NG_T;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t g0 = t * NG_T;
-    if (g0 + NG_T <= groups) tokens_tile<P, NG_T>(w, gstride, g0, a, M, y, N, bias, acc);
-    else
-      for (int64_t g = g0; g < groups; ++g) tokens_tile<P, 1>(w, gstride, g, a, M, y, N, bias, acc);
-  }
+  for (int64_t g = 0; g < groups; ++g) tokens_tile<P>(w, gstride, g, a, M, y, N, bias, acc);
 }
 
 }  // namespace

@@ -23,18 +23,8 @@ extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, co
                             int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias, float* y,
                             int accumulate, int threads) {
   const Act a{q, d, sx, hs, K, K / 32};
-  const bool acc = accumulate != 0;
-  switch (fmt) {   // the packed formats: 16 + the GGUF format's id (simd.h)
-    case 18: packed_linear<PQ8_0>(a, M, w, N, bias, y, acc, threads); break;
-    case 19: packed_linear<PQ4_1>(a, M, w, N, bias, y, acc, threads); break;
-    case 20: packed_linear<PQ4_0>(a, M, w, N, bias, y, acc, threads); break;
-    case 21: packed_linear<PQ5_0>(a, M, w, N, bias, y, acc, threads); break;
-    case 22: packed_linear<PQ5_1>(a, M, w, N, bias, y, acc, threads); break;
-    case 23: packed_linear<PQ4_K>(a, M, w, N, bias, y, acc, threads); break;
-    case 24: packed_linear<PQ5_K>(a, M, w, N, bias, y, acc, threads); break;
-    case 25: packed_linear<PQ6_K>(a, M, w, N, bias, y, acc, threads); break;
-    default: break;
-  }
+  // the packed formats: 16 + the GGUF format's id (simd.h)
+  with_format(fmt - 16, [&](auto p) { packed_linear<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads); });
 }
 
 // Seconds for every thread to run `iters` rounds of 8 independent chains of this path's 32-multiply-add
