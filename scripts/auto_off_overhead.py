@@ -26,7 +26,7 @@ def main() -> None:
     llm = LLM("default", drafters=["oracle:alpha=0.1"], max_batch=1)
     prompts, _ = sample(args.per_group, args.groups.split(","))
     ids = [llm.encode(p.text) for p in prompts]
-    gov = llm.engine.sizer.threads
+    gov = llm.engine.controller.governor
 
     def rate(prompt: list[int], drafter: str) -> tuple[float, int]:
         t = time.perf_counter()

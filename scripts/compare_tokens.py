@@ -1,4 +1,4 @@
-"""Greedy tokens of two ``specserve bench`` runs, method by method, on the prompts both ran.
+"""Tokens of two ``specserve bench`` runs, method by method, on the prompts both ran.
 
     .venv/bin/python scripts/compare_tokens.py benchmarks/before-trees/results.json \\
         benchmarks/tree-final/results.json --methods none,ngram:k=4,oracle:alpha=0.8:k=4
@@ -14,10 +14,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("before")
     ap.add_argument("after")
-    ap.add_argument("--methods", default="none,ngram:k=4")
+    ap.add_argument("--methods", default="", help="comma-separated labels (default: every method both ran)")
     args = ap.parse_args()
     before, after = json.load(open(args.before)), json.load(open(args.after))
-    for label in args.methods.split(","):
+    labels = args.methods.split(",") if args.methods else [m for m in after["records"] if m in before["records"]]
+    for label in labels:
         b = {r["prompt_id"]: r["tokens"] for r in before["records"][label]}
         a = {r["prompt_id"]: (r["tokens"], r["group"]) for r in after["records"][label]}
         common = sorted(set(a) & set(b))

@@ -40,13 +40,13 @@ def main() -> None:
 
     def ours_fixed() -> float:
         """The same with the thread governor off: all cores at every pass."""
-        sizer = llm.engine.sizer
-        governor, sizer.threads = sizer.threads, None
+        ctl = llm.engine.controller
+        governor, ctl.governor = ctl.governor, None
         llm.engine.model.set_threads(0)
         try:
             return ours()
         finally:
-            sizer.threads, sizer._threads_set = governor, 0     # the governor sets its count again
+            ctl.governor, llm.engine._threads_set = governor, 0     # the governor sets its count again
 
     runners = {"specserve": ours, "specserve, governor off (all cores)": ours_fixed}
 

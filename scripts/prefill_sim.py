@@ -12,7 +12,7 @@ import numpy as np
 from specserve.bench.datasets import sample
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
-from specserve.prefill import PrefillPolicy
+from specserve.control import PrefillPolicy
 
 
 def run(llm: LLM, prompts: list[list[int]], stall: float) -> str:

@@ -24,6 +24,7 @@ from specserve.bench.costs import cost_curve
 from specserve.bench.replay import accepted_path, replay
 from specserve.drafters import DrafterSpec
 from specserve.drafters.ngram_tree import ngram_tree_propose
+from specserve.drafters.trie import TrieOptions
 from specserve.llm import LLM
 from specserve.sampling import SamplingParams
 
@@ -51,7 +52,7 @@ def calibration(data: list[dict], every: int = 3) -> list[tuple[float, float, in
     for r in data:
         seq = r["prompt_ids"] + r["continuation"]
         for pos in range(len(r["prompt_ids"]), len(seq) - 1, every):
-            prop = ngram_tree_propose(np.array(seq[: pos + 1]), 16, 8, min_score=0.0)
+            prop = ngram_tree_propose(np.array(seq[: pos + 1]), 16, 8, TrieOptions(min_score=0.0))
             on_path = set(accepted_path(prop, seq[pos + 1:]))
             for i, c in enumerate(prop.confidence or []):
                 b = min(int(c * 10), 9)

@@ -36,15 +36,15 @@ def drafter_help() -> str:
     return "; ".join(parts)
 
 
-def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
-    p.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
-    p.add_argument("--drafter", default=None, action="append" if many else "store",
-                   help="drafter spec name[:option=value]... (default ngram"
-                        + ("; repeatable, the first is the default for requests" if many else "") + "). "
-                        + "Drafters: " + drafter_help().replace("%", "%%"))
-    p.add_argument("--num-draft", default=None,
-                   help="draft length k per step (tree drafters: node budget), or 'auto' (the default): the "
-                        "engine chooses it every step, down to 0, from measured costs and acceptance")
+MODEL_HELP = "'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file"
+
+
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help=MODEL_HELP)
+
+
+def _runtime_args(p: argparse.ArgumentParser) -> None:
+    """How the target runs: dtype, device, kernels, attention, activations (``RuntimeOptions``)."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="activation dtype (float32 keeps greedy identity by construction on CPU)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -52,25 +52,54 @@ def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
     p.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels; auto: int8 over GGUF "
                    "blocks, f32 over float weights)")
+
+
+def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """The model, its runtime, the drafter(s) and the context length: generate's and serve's."""
+    _model_arg(p)
+    p.add_argument("--drafter", default=None, action="append" if many else "store",
+                   help="drafter spec name[:option=value]... (default ngram"
+                        + ("; repeatable, the first is the default for requests" if many else "") + "). "
+                        + "Drafters: " + drafter_help().replace("%", "%%"))
+    p.add_argument("--num-draft", default=None,
+                   help="draft length k per step (tree drafters: node budget), or 'auto' (the default): the "
+                        "engine chooses it every step, down to 0, from measured costs and acceptance")
+    _runtime_args(p)
     p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples exactly the target's distribution")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampler (default: a fresh one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specserve", description="Exact speculative decoding for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    g = sub.add_parser("generate", help="generate text for one prompt")
+    _generate_parser(sub.add_parser("generate", help="generate text for one prompt"))
+    _serve_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
+    _bench_parser(sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts"))
+    _profile_parser(sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, "
+                                                   "overhead)"))
+    from specserve.train.cli import add_parser as add_train_parser
+    add_train_parser(sub)
+    return parser
+
+
+def _generate_parser(g: argparse.ArgumentParser) -> None:
     _engine_args(g)
     g.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     g.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     g.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples exactly the target's distribution")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
-    g.add_argument("--seed", type=int, default=None, help="seed of the sampler (default: a fresh one)")
+    _sampling_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
-    v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+
+
+def _serve_parser(v: argparse.ArgumentParser) -> None:
     _engine_args(v, many=True)
     v.add_argument("--host", default="127.0.0.1", help="address to listen on")
     v.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -87,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--prefix-cache-mb", type=float, default=1024, help="memory for reusing the KV of earlier "
                    "prompts' prefixes (least recently used blocks are evicted)")
     v.add_argument("--no-prefix-cache", action="store_true", help="never reuse earlier prompts' KV")
-    b = sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts")
-    b.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
+
+
+def _bench_parser(b: argparse.ArgumentParser) -> None:
+    _model_arg(b)
     b.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated drafter specs name[:option=value]... (k = draft length or node budget); "
                         "plain decoding always runs")
@@ -115,13 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--system-prompt", default=None, help="with --endpoint: a text file sent as the system message "
                    "of every request (a shared prefix)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="activation dtype")
-    b.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    b.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch")
-    b.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa")
-    b.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels)")
-    f = sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, overhead)")
-    f.add_argument("--model", default="default", help="'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file")
+    _runtime_args(b)
+
+
+def _profile_parser(f: argparse.ArgumentParser) -> None:
+    _model_arg(f)
     f.add_argument("--runtimes", default="auto", help="comma-separated kernels[:activations] settings to compare, "
                    "e.g. fbgemm,native,native:f32")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
@@ -131,9 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--cost-batches", default="", help="also measure the cost curve (passes of --tokens per row) "
                    "at these batch sizes, e.g. 1,4,16")
     f.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    from specserve.train.cli import add_parser as add_train_parser
-    add_train_parser(sub)
-    return parser
+
+
+def _runtime(args: argparse.Namespace):
+    """The ``RuntimeOptions`` the runtime flags name."""
+    from specserve.models.loader import RuntimeOptions
+    return RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -157,7 +189,7 @@ def _system_prompt(args: argparse.Namespace) -> str | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from specserve.bench.report import render_report
     from specserve.bench.runner import BenchConfig, run_bench
-    from specserve.models.loader import RuntimeOptions, resolve_model_path
+    from specserve.models.loader import resolve_model_path
 
     if args.per_group < 1 or args.max_tokens < 1:
         raise SpecserveError("--per-group and --max-tokens must be >= 1")
@@ -180,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods != DEFAULT_METHODS else []
         print(render_endpoint_report(run_endpoint_bench(cfg, args.endpoint, args.endpoint_model, methods)))
         return 0
-    doc = run_bench(cfg, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations))
+    doc = run_bench(cfg, _runtime(args))
     print(render_report(doc))
     return 0
 
@@ -240,9 +272,9 @@ def _drafter_specs(args: argparse.Namespace) -> list:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from specserve.control import PrefillPolicy
     from specserve.llm import LLM
-    from specserve.models.loader import RuntimeOptions, resolve_model_path
-    from specserve.prefill import PrefillPolicy
+    from specserve.models.loader import resolve_model_path
     from specserve.server.app import create_app
 
     specs = _drafter_specs(args)
@@ -254,8 +286,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     prefill = PrefillPolicy(None if args.no_chunked_prefill else args.prefill_chunk, args.prefill_stall,
                             0.0 if args.no_prefix_cache else args.prefix_cache_mb)
     prefill.check()
-    llm = LLM(args.model, RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations), drafters=specs,
-              max_batch=args.max_batch, max_len=args.max_len, preload=True, prefill=prefill)
+    llm = LLM(args.model, _runtime(args), drafters=specs, max_batch=args.max_batch, max_len=args.max_len,
+              preload=True, prefill=prefill)
     name = args.served_model_name or ("default" if args.model == "default" else path)
     app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
                      request_timeout_s=args.request_timeout)
@@ -265,7 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from specserve.llm import LLM
-    from specserve.models.loader import RuntimeOptions, resolve_model_path
+    from specserve.models.loader import resolve_model_path
     from specserve.sampling import SamplingParams
 
     # cheap checks first: a typo should not cost a model load
@@ -276,8 +308,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     spec = _drafter_specs(args)[0]
     resolve_model_path(args.model)
-    options = RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations)
-    llm = LLM(args.model, options, drafters=[spec], max_batch=1, max_len=args.max_len)
+    llm = LLM(args.model, _runtime(args), drafters=[spec], max_batch=1, max_len=args.max_len)
     prompt_ids = llm.encode(args.prompt, raw=args.raw)
     num_draft = spec.k
 
@@ -285,33 +316,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
         req = llm.request(prompt_ids, args.max_tokens, sampling, drafter, k, args.stop)
         return llm.completion(llm.engine.generate([req])[0], args.stop)
 
-    run(spec.name, num_draft) if args.compare_plain else None  # warm-up when timing matters
+    if args.compare_plain:
+        run(spec.name, num_draft)                                # warm-up when timing matters
     out = run(spec.name, num_draft)
     plain = run("none", 0) if args.compare_plain else None
     if args.json:
-        doc = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-               "drafter": spec.text, "num_draft": num_draft,
-               "stats": {k: v for k, v in out.stats.items() if k != "token_times_s"},
-               "runtime": vars(llm.target.options) | {"batch_invariant": llm.target.options.batch_invariant}}
-        if plain is not None:
-            doc["plain"] = {"tokens_per_second": plain.stats["tokens_per_second"],
-                            "identical": plain.token_ids == out.token_ids}
-        print(json.dumps(doc))
-        return 0
+        print(json.dumps(_generate_doc(llm, spec, out, plain)))
+    else:
+        _print_generated(spec, out, plain)
+    return 0
+
+
+def _generate_doc(llm, spec, out, plain) -> dict:
+    """``generate --json``: the text, the ids, the request's stats and the runtime in one object."""
+    doc = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+           "drafter": spec.text, "num_draft": spec.k,
+           "stats": {k: v for k, v in out.stats.items() if k != "token_times_s"},
+           "runtime": vars(llm.target.options) | {"batch_invariant": llm.target.options.batch_invariant}}
+    if plain is not None:
+        doc["plain"] = {"tokens_per_second": plain.stats["tokens_per_second"],
+                        "identical": plain.token_ids == out.token_ids}
+    return doc
+
+
+def _print_generated(spec, out, plain) -> None:
+    """The text on stdout; on stderr the summary line (where the time went, by the engine's timers)
+    and, with --compare-plain, the speed-up over plain decoding."""
     s = out.stats
     print(out.text)
     label = f"{spec.text}{' (SYNTHETIC oracle: a study, not a real drafter)' if s['synthetic'] else ''}"
-    print(f"\n[{label}, k={num_draft}] {s['generated_tokens']} tokens in {s['total_s']:.2f}s = "
+    timers = " ".join(f"{part} {s[part + '_s']:.2f}s" for part in ("draft", "size", "pass", "verify", "commit", "other"))
+    print(f"\n[{label}, k={spec.k}] {s['generated_tokens']} tokens in {s['total_s']:.2f}s = "
           f"{s['tokens_per_second']:.1f} tok/s; mean accepted length {s['mean_accepted_length']:.2f} "
           f"({s['mean_nodes_per_step']:.1f} nodes drafted per step); "
-          f"TTFT {s['ttft_s'] * 1000:.0f} ms; draft {s['draft_s']:.2f}s verify {s['verify_s']:.2f}s "
-          f"other {s['other_s']:.2f}s", file=sys.stderr)
+          f"TTFT {s['ttft_s'] * 1000:.0f} ms; {timers}", file=sys.stderr)
     if plain is not None:
         ps = plain.stats
         same = "identical output" if plain.token_ids == out.token_ids else "OUTPUT DIFFERS"
         print(f"[plain decoding] {ps['generated_tokens']} tokens at {ps['tokens_per_second']:.1f} tok/s; "
               f"speed-up {s['tokens_per_second'] / ps['tokens_per_second']:.2f}x; {same}", file=sys.stderr)
-    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -324,8 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
     try:
         args = build_parser().parse_args(argv)
-        import warnings
-        warnings.filterwarnings("ignore")
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
                 "profile": cmd_profile, "train": cmd_train}[args.command](args)
     except SpecserveError as e:

@@ -9,7 +9,7 @@ from specserve.drafters import DrafterSpec, available, drafter_class
 from specserve.engine import Engine, Request, Result
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
-from specserve.prefill import PrefillPolicy
+from specserve.control import PrefillPolicy
 from specserve.sampling import SamplingParams
 from specserve.tokenizer import Tokenizer, load_tokenizer
 
@@ -68,9 +68,29 @@ class LLM:
             for name in available():
                 if drafter_class(name).preload and name not in specs:
                     specs[name] = DrafterSpec(name)
-        built = {label: spec.build(self.target) for label, spec in specs.items()}
+        self._drafters = {label: spec.build(self.target) for label, spec in specs.items()}
         self.default_k = {label: spec.k for label, spec in specs.items()}   # draft length when a request names none
-        self.engine = Engine(self.target, built, max_batch=max_batch, max_len=max_len, prefill=prefill)
+        self._max_len, self._prefill = max_len, prefill
+        self.engine = Engine(self.target, self._drafters, max_batch=max_batch, max_len=max_len, prefill=prefill)
+
+    def engine_with(self, max_batch: int, drafters: Iterable[str] | None = None) -> Engine:
+        """A new engine of ``max_batch`` rows over the same target and the same loaded drafter objects
+        (``drafters``: the labels it serves, default all), with this LLM's context length and prefill
+        policy.  A drafter object serves one engine at a time: building an engine re-binds its drafters
+        (``Drafter.bind``) to that engine's sizes, and a drafter's per-sequence state belongs to the
+        engine running it.  So engines that share a drafter run one after another, never together, and
+        an older engine (``self.engine`` included) is not used again with a drafter a newer one holds."""
+        labels = list(self._drafters) if drafters is None else list(drafters)
+        unknown = [label for label in labels if label not in self._drafters]
+        if unknown:
+            raise SpecserveError(f"drafter {unknown[0]!r} is not loaded; loaded: {', '.join(self._drafters)}",
+                                 "drafter")
+        return Engine(self.target, {label: self._drafters[label] for label in labels}, max_batch=max_batch,
+                      max_len=self._max_len, prefill=self._prefill)
+
+    def describe_drafters(self) -> dict[str, dict]:
+        """label -> what each loaded drafter reports about itself (``Drafter.describe``)."""
+        return {label: d.describe() for label, d in self._drafters.items()}
 
     def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
         if isinstance(prompt, str):

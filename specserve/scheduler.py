@@ -1,32 +1,67 @@
 """Continuous batching: a bounded waiting queue, admission by free KV slots, one engine thread.
 
 The engine is touched only by the scheduler's thread, and only through its methods (check, admit,
-step, abort, reset, progress, take_result, free capacity).  Between two engine steps the thread:
+step, abort, reset, progress, take_result, snapshot, free capacity).  Between two engine steps the
+thread (``tick``):
 1. drops cancelled and timed-out sequences (a disconnected client frees its slot within one step),
-2. admits waiting requests while the engine has free KV rows (the fixed KV-memory budget:
-   ``max_batch`` rows of ``max_len`` positions, preallocated), 3. runs one step, 4. publishes each
-sequence's new tokens, and its result when it finishes, to the request's handle.
+2. admits waiting requests, first come first served, while the engine has free KV rows (the fixed
+   KV-memory budget: ``max_batch`` rows of ``max_len`` positions, preallocated),
+3. runs one step,
+4. takes the engine's snapshot for the server's gauges, then publishes each sequence's new tokens,
+   and its result when it finishes, to the request's handle.
+
+A request that fails ends with a ``RequestError`` whose ``kind`` says why (``ErrorKind``); the
+server maps kinds to HTTP statuses, and metrics count them as outcomes.  An exception inside the
+engine fails the requests in flight (kind ``internal``), resets the engine, and the thread serves on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from specserve.engine import Engine, Request, Result
+from specserve.engine import Engine, EngineSnapshot, Request, Result
 from specserve.errors import SpecserveError
+
+SWITCH_INTERVAL_S = 0.0002
+
+
+class ErrorKind(enum.Enum):
+    """Why a request ended without a result."""
+    REJECTED = "rejected"         # the engine refused it at admission (a drafter refused its prompt)
+    CANCELLED = "cancelled"       # the client went away
+    TIMEOUT = "timeout"           # past its deadline, waiting or running
+    QUEUE_FULL = "queue_full"     # the waiting queue was at its bound (``submit`` raises QueueFull)
+    INTERNAL = "internal"         # the engine failed while the request was in flight
+
+
+# the metrics' outcome label of each kind (the names /metrics has always used)
+OUTCOME = {ErrorKind.REJECTED: "rejected", ErrorKind.CANCELLED: "cancelled", ErrorKind.TIMEOUT: "timeout",
+           ErrorKind.QUEUE_FULL: "rejected_queue_full", ErrorKind.INTERNAL: "error"}
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """How a request failed: its kind, a message for the client, and the field at fault if any."""
+    kind: ErrorKind
+    message: str
+    param: str | None = None
 
 
 class QueueFull(Exception):
     """The waiting queue is at its bound; the client should retry later."""
+    kind = ErrorKind.QUEUE_FULL
 
 
 @dataclass
 class Handle:
-    """One request's mailbox.  Events: ("tokens", list[int]), ("done", Result), ("error", str)."""
+    """One request's mailbox.  Events: ("tokens", list[int]), ("done", Result), ("error", RequestError).
+    The handle also keeps how it ended (``result`` or ``error``), for callers without an event loop."""
     request: Request
     deadline: float
     loop: asyncio.AbstractEventLoop | None = None
@@ -37,6 +72,8 @@ class Handle:
     sent: int = 0
     cancelled: bool = False
     finished: bool = False
+    result: Result | None = None
+    error: RequestError | None = None
 
     def push(self, kind: str, payload) -> None:
         if self.loop is not None and self.events is not None:
@@ -52,6 +89,7 @@ class Scheduler:
         self.engine, self.max_waiting, self.metrics = engine, max_waiting, metrics
         self.waiting: collections.deque[Handle] = collections.deque()
         self.active: dict[int, Handle] = {}
+        self.snapshot: EngineSnapshot = engine.snapshot()     # retaken by the engine thread after each tick
         self._wake = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
@@ -60,6 +98,11 @@ class Scheduler:
         """Hand the engine to the scheduler's thread.  The calling thread (which loaded and
         calibrated the model) gives up its compute threads, or the engine thread's passes would share
         the cores with them."""
+        # Python hands its lock between threads every 5 ms by default: a busy thread elsewhere in the
+        # process (the HTTP server's event loop) would then hold the engine's thread up to 5 ms at
+        # each handoff (every torch call releases the lock).  Unless the user chose an interval, use 0.2 ms.
+        if sys.getswitchinterval() >= 0.005:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.engine.release_threads()
         self._thread.start()
 
@@ -83,10 +126,16 @@ class Scheduler:
         handle = Handle(request, time.perf_counter() + timeout_s, loop, asyncio.Queue() if loop else None)
         with self._wake:
             if len(self.waiting) >= self.max_waiting:
+                self._count(OUTCOME[ErrorKind.QUEUE_FULL])
                 raise QueueFull()
             self.waiting.append(handle)
             self._wake.notify()
         return handle
+
+    def cancel(self, handle: Handle) -> None:
+        """Drop a request whose client went away; the engine thread frees its row at its next tick."""
+        handle.cancel()
+        self.wake()
 
     def wake(self) -> None:
         with self._wake:
@@ -100,16 +149,27 @@ class Scheduler:
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     break
-            try:
-                self._tick()
-            except Exception as e:  # noqa: BLE001 - keep serving; fail what was in flight
-                for h in list(self.active.values()):
-                    self._finish_error(h, f"internal engine error: {e}")
-                self.engine.reset()
+            self.tick()
 
-    def _tick(self) -> None:
-        now = time.perf_counter()
-        # 1. cancellations and timeouts, running and waiting alike
+    def tick(self) -> None:
+        """One round of the engine thread (tests call it directly, without the thread).  An engine
+        exception fails what was in flight with kind ``internal`` and resets the engine."""
+        try:
+            self._expire_all(time.perf_counter())
+            self._admit()
+            self._step()
+            # 4. the snapshot first: a client that reads /metrics after its answer sees the step behind it
+            self.snapshot = self.engine.snapshot()
+            for h in list(self.active.values()):
+                self._publish(h)
+        except Exception as e:  # noqa: BLE001 - keep serving; fail what was in flight
+            for h in list(self.active.values()):
+                self._fail(h, RequestError(ErrorKind.INTERNAL, f"internal engine error: {e}"))
+            self.engine.reset()
+            self.snapshot = self.engine.snapshot()
+
+    def _expire_all(self, now: float) -> None:
+        """1. Cancellations and timeouts, running and waiting alike."""
         for h in list(self.active.values()):
             if h.cancelled or now > h.deadline:
                 self.engine.abort(h.seq_id)
@@ -120,7 +180,9 @@ class Scheduler:
                 self.waiting.remove(h)
         for h in pending:
             self._expire(h)
-        # 2. admission while KV rows are free
+
+    def _admit(self) -> None:
+        """2. Admission, in arrival order, while KV rows are free."""
         while self.engine.has_capacity:
             with self._wake:
                 if not self.waiting:
@@ -129,33 +191,34 @@ class Scheduler:
             try:
                 h.seq_id = self.engine.admit(h.request)
             except SpecserveError as e:
-                self._finish_error(h, str(e), outcome="rejected")
+                self._fail(h, RequestError(ErrorKind.REJECTED, str(e), e.param))
                 continue
-            except Exception as e:  # noqa: BLE001 - fail this request too, then let _run reset the engine
-                self._finish_error(h, f"internal engine error: {e}")
+            except Exception as e:  # noqa: BLE001 - fail this request too, then let tick reset the engine
+                self._fail(h, RequestError(ErrorKind.INTERNAL, f"internal engine error: {e}"))
                 raise
             h.queue_s = time.perf_counter() - h.arrival
             self.active[h.seq_id] = h
             self._publish(h)
-        # 3. one engine step over the whole batch
-        if self.engine.num_running:
-            if self.metrics is not None:
-                self.metrics.observe_batch(self.engine.num_running)
-            self.engine.step()
-            if self.metrics is not None and self.engine.last_step is not None:
-                self.metrics.observe_step(self.engine.last_step)
-        # 4. publish new tokens and results
-        for h in list(self.active.values()):
-            self._publish(h)
+
+    def _step(self) -> None:
+        """3. One engine step over the whole batch."""
+        if not self.engine.num_running:
+            return
+        if self.metrics is not None:
+            self.metrics.observe_batch(self.engine.num_running)
+        self.engine.step()
+        if self.metrics is not None and self.engine.last_step is not None:
+            self.metrics.observe_step(self.engine.last_step)
 
     def _expire(self, h: Handle) -> None:
-        """End a cancelled or timed-out request with the matching error and outcome."""
+        """End a cancelled or timed-out request with the matching error."""
         if h.cancelled:
-            self._finish_error(h, "cancelled", outcome="cancelled")
+            self._fail(h, RequestError(ErrorKind.CANCELLED, "cancelled"))
         else:
-            self._finish_error(h, "request timed out", outcome="timeout")
+            self._fail(h, RequestError(ErrorKind.TIMEOUT, "request timed out"))
 
     def _publish(self, h: Handle) -> None:
+        """4. The sequence's new tokens, and its result once it has finished."""
         gen = self.engine.progress(h.seq_id)
         if gen is not None:
             if len(gen) > h.sent:
@@ -168,16 +231,19 @@ class Scheduler:
         if len(result.tokens) > h.sent:
             h.push("tokens", result.tokens[h.sent:])
             h.sent = len(result.tokens)
-        h.finished = True
+        h.finished, h.result = True, result
         del self.active[h.seq_id]
         if self.metrics is not None:
             self.metrics.observe_result(result, queue_s=h.queue_s)
         h.push("done", result)
 
-    def _finish_error(self, h: Handle, message: str, outcome: str = "error") -> None:
-        h.finished = True
+    def _fail(self, h: Handle, err: RequestError) -> None:
+        h.finished, h.error = True, err
         if h.seq_id is not None:
             self.active.pop(h.seq_id, None)
+        self._count(OUTCOME[err.kind])
+        h.push("error", err)
+
+    def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.count_outcome(outcome)
-        h.push("error", message)

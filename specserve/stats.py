@@ -18,8 +18,12 @@ class RequestStats:
     accepted_per_depth: list[int] = field(default_factory=list)   # [d]: steps that accepted >= d+1 tokens
     nodes_per_step: list[int] = field(default_factory=list)       # nodes drafted (chain: tokens), per step
     ttft_s: float = 0.0               # arrival -> first generated token
-    draft_s: float = 0.0              # time in drafter.propose (shared steps count fully)
-    verify_s: float = 0.0             # target passes (prefill included) and verification
+    # where the time went (steps shared with other sequences count fully for each of them):
+    draft_s: float = 0.0              # drafter.propose, nothing else
+    size_s: float = 0.0               # the controller: node budgets, keeping the nodes that pay
+    pass_s: float = 0.0               # target passes (prompt chunks included)
+    verify_s: float = 0.0             # verification of the pass's logits (after the pass)
+    commit_s: float = 0.0             # committing tokens, the KV cache's compaction, feedback to drafters
     total_s: float = 0.0              # arrival -> last token
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
     auto: bool = False                # draft sizes chosen by the controller
@@ -73,7 +77,7 @@ class RequestStats:
 
     @property
     def other_s(self) -> float:
-        return max(self.total_s - self.draft_s - self.verify_s, 0.0)
+        return max(self.total_s - self.draft_s - self.size_s - self.pass_s - self.verify_s - self.commit_s, 0.0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -89,7 +93,8 @@ class RequestStats:
             "accepted_per_depth": list(self.accepted_per_depth), "acceptance_by_depth": self.acceptance_by_depth,
             "nodes_per_step": list(self.nodes_per_step), "mean_nodes_per_step": self.mean_nodes_per_step,
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
-            "ttft_s": self.ttft_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
+            "ttft_s": self.ttft_s, "draft_s": self.draft_s, "size_s": self.size_s, "pass_s": self.pass_s,
+            "verify_s": self.verify_s, "commit_s": self.commit_s,
             "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,
             "token_times_s": list(self.token_times), "auto": self.auto,
             "spec_off_steps": sum(1 for n in self.nodes_per_step if n == 0),

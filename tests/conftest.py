@@ -95,7 +95,7 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
     vocabulary of its first three quarters of tokens, saved in a temporary folder whose path is returned."""
     import tempfile
 
-    from specserve.train.heads import build, new_config, save_head
+    from specserve.drafters.heads import build, new_config, save_head
 
     key = (kind, target.path, tuple(layers or ()), seed)
     if key not in _HEADS:

@@ -62,6 +62,34 @@ def test_draft_sizes_by_hand():
     assert d["measured_over_predicted_p50"] == pytest.approx(1.25)
 
 
+def test_time_shares_and_records_from_before_the_timers():
+    """Shares of total time per timer; a record without a timer (an older results.json) makes that
+    share absent (NaN), never an error, and the report renders it as "-"."""
+    from specserve.bench.metrics import TIME_PARTS, summarize, time_share
+    from specserve.bench.report import render_report
+
+    timers = {"draft_s": 0.1, "size_s": 0.05, "pass_s": 0.6, "verify_s": 0.1, "commit_s": 0.05, "other_s": 0.1}
+    new = [rec(1.0, 0.1, 10, drafted=[4], accepted=[2], passes=4, times=[0.1, 0.5, 1.0]) | timers,
+           rec(3.0, 0.2, 10, drafted=[4], accepted=[2], passes=4, times=[0.2, 3.0]) | {k: 3 * v for k, v in timers.items()}]
+    assert time_share(new, "pass_s") == pytest.approx(0.6) and time_share(new, "size_s") == pytest.approx(0.05)
+    assert sum(time_share(new, f"{p}_s") for p in TIME_PARTS) == pytest.approx(1.0)
+    old = [rec(r["total_s"], 0.1, 10, times=[0.1, 0.2]) | {"draft_s": r["draft_s"], "verify_s": r["verify_s"],
+                                                           "nodes_per_step": []} for r in new]
+    s = summarize(old)
+    assert s["share_draft"] == pytest.approx(0.1) and math.isnan(s["share_pass"]) and math.isnan(s["share_commit"])
+    overall = {k: v for k, v in s.items() if not k.startswith("share_") or k in ("share_draft", "share_verify")}
+    overall |= {"speedup": {"spec_bench": 1.0, "total_time": 1.0}, "divergent_prompts": 0}
+    doc = {"config": {"command": "specserve bench", "model_path": "/m/model.gguf", "runtime": {}, "max_tokens": 8,
+                      "groups": []},
+           "machine": {"cpus": 2, "platform": "linux"},
+           "roofline": {"parameters": 1e6, "weight_bytes": 2**20, "bandwidth_bytes_per_s": 1e9,
+                        "plain_decoding_ceiling_tok_s": 100.0},
+           "summary": {"none": {"synthetic": False, "overall": overall, "groups": {}}}}
+    row = next(line for line in render_report(doc).splitlines() if line.startswith("| none |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-7:] == ["10", "-", "-", "10", "-", "-", "0/2"]      # draft, size, pass, verify, commit, other
+
+
 def test_prompt_file_categories_are_the_groups(tmp_path):
     from specserve.bench.datasets import sample
     from specserve.errors import SpecserveError

@@ -64,11 +64,30 @@ def test_generate_json_tree_drafter():
 
 @pytest.mark.slow
 def test_generate_json():
+    """--json: the text is the decoded ids, the counts agree with each other and with --max-tokens,
+    and the timers add up to the total."""
+    from specserve.models.loader import load_model
+    from specserve.tokenizer import load_tokenizer
+
     r = subprocess.run(CLI + ["generate", "--prompt", "Say hello.", "--max-tokens", "12", "--drafter", "ngram",
                               "--num-draft", "3", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert isinstance(doc["text"], str) and 1 <= len(doc["token_ids"]) <= 12
-    for key in ("mean_accepted_length", "drafted_per_depth", "accepted_per_depth", "nodes_per_step", "target_passes",
-                "tokens_per_second", "ttft_s"):
-        assert key in doc["stats"]
+    s, ids = doc["stats"], doc["token_ids"]
+    assert doc["drafter"] == "ngram" and doc["num_draft"] == 3 and doc["finish_reason"] in ("stop", "length")
+    assert 1 <= len(ids) <= 12 and (doc["finish_reason"] == "stop" or len(ids) == 12)
+    tokenizer = load_tokenizer(load_model("default"))
+    assert doc["text"] == tokenizer.decode(ids) and doc["text"].strip()
+    if doc["finish_reason"] == "stop":
+        assert ids[-1] in tokenizer.eos_ids
+    assert s["generated_tokens"] == len(ids) and s["prompt_tokens"] > 0
+    assert s["verify_passes"] == len(s["nodes_per_step"]) and max(s["nodes_per_step"]) <= 3
+    assert s["drafted_tokens"] == sum(s["nodes_per_step"]) and s["accepted_tokens"] == sum(s["accepted_per_depth"])
+    # each verification pass commits its accepted tokens plus one; the prompt's last pass gives the first
+    assert s["accepted_tokens"] + s["verify_passes"] + 1 >= len(ids)
+    assert s["mean_accepted_length"] == pytest.approx((s["accepted_tokens"] + s["verify_passes"]) / s["verify_passes"])
+    assert 0 < s["ttft_s"] <= s["total_s"] and s["tokens_per_second"] == pytest.approx(len(ids) / s["total_s"])
+    timers = [s[k] for k in ("draft_s", "size_s", "pass_s", "verify_s", "commit_s", "other_s")]
+    assert min(timers) >= 0 and s["pass_s"] > 0
+    assert sum(timers) >= s["total_s"] * (1 - 1e-9)        # other_s is the rest (clipped at 0)
+    assert doc["runtime"]["batch_invariant"] is True

@@ -3,12 +3,11 @@
 import pytest
 
 from conftest import tiny_model
-from specserve.control import AcceptanceModel, Candidate, CostModel, ProbeState, calibrate, choose
+from specserve.control import (AUTO, AcceptanceModel, Candidate, Controller, CostModel, ProbeState, Slot, StepPlan,
+                               Traits, calibrate, choose)
 from specserve.drafters import create
 from specserve.drafters.base import DraftProposal
-from specserve.drafters.registry import AUTO
 from specserve.engine import Engine, Request
-from specserve.sizing import Slot
 
 FLAT = CostModel([1, 64], [0.010, 0.0101], 0.0)            # extra tokens nearly free
 STEEP = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # every extra token costs a whole pass
@@ -83,14 +82,15 @@ def test_a_new_sequence_inherits_its_drafters_probe_gap(target):
     """After a drafter's probes failed on one request, the next request of that drafter waits as long
     before its first probe; a successful probe gives the short gap back."""
     eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
-    eng.sizer.cost = MODERATE
+    eng.controller.cost = MODERATE
     eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO)])
-    gap = eng.sizer.drafter_gap["o"]
+    gap = eng.controller.drafter_gap["o"]
     assert gap >= 16                                                               # probes failed and backed off
-    s = Slot(99, "o", AUTO, 10)
-    assert eng.sizer.probe(s).gap == gap and eng.sizer.probe(Slot(98, "other", AUTO, 10)).gap == ProbeState.gap
-    eng.sizer.learn(s, DraftProposal([5], None), 1, 1, probed=True)             # an accepted probe
-    assert eng.sizer.drafter_gap["o"] == ProbeState.gap
+    s = Slot(99, "o", AUTO, 10, 50)
+    assert eng.controller.probe(s).gap == gap
+    assert eng.controller.probe(Slot(98, "other", AUTO, 10, 50)).gap == ProbeState.gap
+    eng.controller.learn(s, 1, 1, 1, None, StepPlan({99: 1}, {99}))             # an accepted probe
+    assert eng.controller.drafter_gap["o"] == ProbeState.gap
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def plain(target):
 
 def run(target, name, drafter, cost, prompts, n=60, batch=1):
     eng = Engine(target, {name: drafter}, max_batch=batch, max_len=160)
-    eng.sizer.cost = cost
+    eng.controller.cost = cost
     return eng.generate([Request(p, n, drafter=name, num_draft=AUTO) for p in prompts])
 
 
@@ -179,16 +179,17 @@ def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(tar
     for calibration is its confidence alone (0), so accepting nothing does not lower the drafter's
     calibration."""
     eng = Engine(target, {"x": create("ngram-tree", target)}, max_batch=1, max_len=160)
-    eng.sizer.cost = MODERATE
+    eng.controller.cost = MODERATE
     prop = DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0], [0.0, 0.5])
     proposals = {0: prop}
-    eng.sizer.size([Slot(0, "x", AUTO, 10)], proposals, set())
+    slot, plan = Slot(0, "x", AUTO, 10, 50), StepPlan({0: 2})
+    eng.controller.keep([slot], proposals, plan)
     assert proposals[0].tokens == [4] and proposals[0].future_gain == [0.5]
-    before = eng.sizer.acceptance.calibration("x", 0)
-    eng.sizer.learn(Slot(0, "x", AUTO, 10), proposals[0], 1, 0, probed=False)
-    assert eng.sizer.acceptance.calibration("x", 0) == before
+    before = eng.controller.acceptance.calibration("x", 0)
+    eng.controller.learn(slot, 1, 1, 0, sum(proposals[0].confidence), plan)
+    assert eng.controller.acceptance.calibration("x", 0) == before
     proposals = {0: DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0])}                 # no future gain: nothing kept
-    eng.sizer.size([Slot(0, "x", AUTO, 10)], proposals, set())
+    eng.controller.keep([slot], proposals, plan)
     assert proposals[0].tokens == []
 
 
@@ -201,3 +202,98 @@ def test_thread_governor_survives_the_other_count_measured_first():
     assert gov.current == 2
     gov.observe(2, 1.0)
     assert gov.current == 1                                    # both measured: the faster wins
+
+
+# ------------------------------------------------------------------ the controller alone (no engine, no model)
+def controller(cost=MODERATE, **traits):
+    t = {"chain": Traits(8, False), "conf": Traits(12, True)} | traits
+    return Controller(t, cost, max_draft=32, thread_choices=(1,))
+
+
+def test_plan_budgets_by_hand():
+    """A fixed draft size is given as asked; nothing is drafted at the last token; a drafter whose
+    nodes carry confidences gets its largest draft (the rate rule trims it later); a chain drafter
+    the length the rate rule picks: on FLAT passes with a certain drafter, its largest."""
+    ctl = controller(cost=FLAT)
+    for _ in range(20):
+        ctl.acceptance.observe("chain", 0, reached=8, accepted=8, predicted=None)
+    slots = [Slot(0, "chain", AUTO, 10, 50), Slot(1, "conf", AUTO, 10, 50), Slot(2, "chain", 3, 10, 50),
+             Slot(3, "conf", AUTO, 10, 0)]
+    plan = ctl.plan(slots)
+    assert plan.budgets == {0: 8, 1: 12, 2: 3, 3: 0} and plan.probed == set()
+    assert controller(cost=STEEP).plan(slots[:1]).budgets == {0: 0}              # every extra token a whole pass
+
+
+def test_chain_budget_charges_the_drafting_cost():
+    """The chain length follows the same rate rule as the kept nodes: drafting that costs more than
+    its tokens save gets no draft (FLAT passes, a drafter accepted 60% of the time per token)."""
+    ctl = controller(cost=FLAT)
+    for _ in range(30):
+        ctl.acceptance.observe("chain", 0, reached=4, accepted=2, predicted=None)
+    slot = Slot(0, "chain", AUTO, 10, 50)
+    assert ctl.plan([slot]).budgets[0] > 0
+    ctl.observe_draft("chain", 0.050, 1)                                           # 50 ms a proposal
+    assert ctl.plan([slot]).budgets[0] == 0
+
+
+def test_a_costly_unkept_drafter_drafts_only_to_probe():
+    ctl = controller()
+    ctl.observe_draft("conf", 0.005, 1)                                            # half a 10 ms pass: costly
+    slot = Slot(0, "conf", AUTO, 10, 50)
+    ctl.kept[0] = 0                                                                # its last draft was not kept
+    for _ in range(ProbeState.gap):
+        plan = ctl.plan([slot])
+        assert plan.budgets[0] == 0 and not plan.probed
+        ctl.learn(slot, 0, 0, 0, None, plan)
+    plan = ctl.plan([slot])
+    assert plan.probed == {0} and plan.budgets[0] == 2                             # due: a small probe
+    ctl.kept[0] = 3
+    assert ctl.plan([slot]).budgets[0] == 8                                        # near what was kept: 2 * 3 + 2
+
+
+def test_forget_drops_a_sequences_state():
+    ctl = controller()
+    slot = Slot(7, "chain", AUTO, 10, 50)
+    plan = ctl.plan([slot])
+    ctl.learn(slot, 2, 2, 1, None, plan)
+    ctl.kept[7] = 1
+    ctl.forget(7)
+    assert 7 not in ctl.probes and 7 not in ctl.kept and 7 not in ctl.acceptance.by_seq
+    assert "chain" in ctl.acceptance.by_drafter                                    # the drafter's history stays
+
+
+# ------------------------------------------------------------------ measurement, and its cache on disk
+def test_cost_model_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):
+    """A second process (here: a new model object of the same file and options) reads the table
+    from disk instead of measuring; other options, or a damaged file, measure again."""
+    from specserve.control import measure
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    calls = []
+    real = measure.calibrate
+    monkeypatch.setattr(measure, "calibrate", lambda model, max_tokens: calls.append(max_tokens) or real(model, max_tokens=max_tokens))
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"x" * 10)
+    a, b = tiny_model(seed=3, vocab=64, layers=1), tiny_model(seed=3, vocab=64, layers=1)
+    key = measure.identity(str(weights), a.options, a.model)
+    first = measure.cost_model(a.model, 16, key)
+    assert calls == [16] and len(list((tmp_path / "costs").glob("*.json"))) == 1
+    again = measure.cost_model(b.model, 16, key)                                   # another model object
+    assert calls == [16] and again.tokens == first.tokens and again.seconds == first.seconds
+    assert again.scale == 1.0 and again.observed == 0                              # no correction carried over
+    assert measure.cost_model(b.model, 64, key).tokens[-1] == 64 and calls == [16, 64]   # a bigger table
+    other = measure.identity(str(weights), "other options", a.model)
+    assert other != key
+    (tmp_path / "costs" / f"{key}.json").write_text("{not json")
+    measure.cost_model(tiny_model(seed=3, vocab=64, layers=1).model, 16, key)
+    assert calls == [16, 64, 16]                                                   # damaged: measured again
+    assert measure.identity(str(tmp_path / "missing.gguf"), a.options, a.model) is None
+
+
+def test_an_engine_measures_at_construction_never_in_a_step(target, monkeypatch):
+    """Requests, auto ones included, and prompt chunks beside decoding never start a measurement."""
+    from specserve.control import measure
+    eng = Engine(target, {"o": create("oracle", target, alpha=0.8), "none": create("none", target)}, max_batch=2,
+                 max_len=160)
+    monkeypatch.setattr(measure, "calibrate", lambda *a, **k: pytest.fail("measured inside a request"))
+    outs = eng.generate([Request(PROMPTS[0], 20, drafter="o", num_draft=AUTO), Request(PROMPTS[1] * 3, 20)])
+    assert all(len(o.tokens) == 20 for o in outs)

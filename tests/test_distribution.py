@@ -217,8 +217,8 @@ class SampledTreeDrafter(Drafter):
         self.draft, self.width, self.replacement, self.depth = draft, width, replacement, depth
         self.gen: dict[int, torch.Generator] = {}
 
-    def begin(self, seq_id, prompt, sampling, max_new_tokens):
-        self.gen[seq_id] = torch.Generator().manual_seed(1000 + sampling.seed)
+    def begin(self, seq_id, prompt, sampling, max_new_tokens, generator=None):
+        self.gen[seq_id] = generator
 
     def _q(self, tokens, sampling):
         m = self.draft.model

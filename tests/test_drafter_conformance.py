@@ -2,18 +2,22 @@
 
 A new drafter must be added to ``CONFORMANCE`` (with the options a test needs), or the first test
 fails.  Then: its declared options are well-typed and buildable through the registry; its
-proposals are well-formed trees (chains for chain drafters) within the node budget and the depth
-limit; the begin / propose / feedback / end lifecycle holds over more sequences than the engine
-has rows; and under greedy decoding through the engine (which rolls back and compacts after
-every partial acceptance) its output is plain decoding's, alone and batched.
+proposals are well-formed trees within the node budget and the depth limit, and honour its declared
+traits (``tree``, ``confidence``, ``max_auto_draft``); under sampling it draws from the generator
+``begin`` hands it and from nothing else; the begin / propose / feedback / end lifecycle holds
+over more sequences than the engine has rows; and under greedy decoding through the engine (which
+rolls back and compacts after every partial acceptance) its output is plain decoding's, alone and
+batched.
 """
 
 import pytest
+import torch
 
 from conftest import prompt_features, tiny_head, tiny_model
 from specserve.drafters import DraftProposal, DraftRequest, Feedback, available, create, drafter_class
 from specserve.drafters.base import Option
 from specserve.engine import Engine, Request
+from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 
 VOCAB = 64
@@ -43,25 +47,76 @@ def test_every_registered_drafter_is_covered():
     assert set(CONFORMANCE) == set(available())
 
 
+def started(name, target, sampling=SamplingParams(), seed=None):
+    """A drafter of ``name`` that has begun every prompt (a generator seeded ``seed`` each) and seen its prefill."""
+    d = create(name, target, **CONFORMANCE[name](target))
+    d.bind(4, 128)
+    for sid, prompt in enumerate(PROMPTS):
+        gen = None if seed is None else torch.Generator().manual_seed(seed + sid)
+        d.begin(sid, prompt, sampling, 20, generator=gen)
+        d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[0]], prompt_features(target, prompt, d.feature_layers)))
+    return d
+
+
 @pytest.mark.parametrize("name", sorted(CONFORMANCE))
 def test_declared_options(name, target):
     cls = drafter_class(name)
-    assert cls.max_auto_draft >= 0 and isinstance(cls.tree, bool) and isinstance(cls.confidence, bool)
     for opt in cls.options:
         assert isinstance(opt, Option) and opt.type in (int, float, str) and opt.help
         assert opt.required or isinstance(opt.default, opt.type)
     d = create(name, target, **CONFORMANCE[name](target))
     assert d.name == name
+    assert {o.name for o in cls.options} <= set(vars(d.opts))      # the declarations are the options dataclass's
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_declared_traits_are_honoured(name, target):
+    """tree=False: only chains; confidence=True: one confidence in [0, 1] per node; asked for its
+    ``max_auto_draft`` (what ``auto`` asks a confident drafter for), at most that many nodes."""
+    d = started(name, target)
+    greedy = SamplingParams()
+    budget = d.max_auto_draft
+    assert budget >= 0
+    proposed = 0
+    for k in sorted({1, 3, budget}):
+        for prop in d.propose([DraftRequest(sid, p + [p[0]], k, greedy) for sid, p in enumerate(PROMPTS)]):
+            proposed += len(prop)
+            assert len(prop) <= k
+            assert d.tree or prop.is_chain
+            if d.confidence and len(prop):
+                assert prop.confidence is not None and len(prop.confidence) == len(prop)
+                assert all(0.0 <= c <= 1.0 for c in prop.confidence)
+    assert proposed > 0 or budget == 0                            # the checks above were not vacuous
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_sampled_drafts_come_from_the_generator_given(name, target):
+    """Under sampling a drafter draws from the generator ``begin`` was given and from nothing else:
+    the same seeds give the same proposals (q included), other seeds other draws (for a drafter that
+    samples), and torch's global generator is untouched."""
+    sp = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    try:
+        drafter_class(name)(target, **CONFORMANCE[name](target)).validate(sp)
+    except SpecserveError:
+        pytest.skip(f"{name} refuses sampling")
+    runs = []
+    for seed in (100, 100, 200):
+        d = started(name, target, sp, seed=seed)
+        before = torch.get_rng_state()
+        props = d.propose([DraftRequest(sid, p + [p[0]], 4, sp) for sid, p in enumerate(PROMPTS)])
+        assert torch.equal(torch.get_rng_state(), before)
+        for prop in props:
+            prop.check(VOCAB)
+        runs.append([(p.tokens, None if p.probs is None else p.probs.tolist()) for p in props])
+    assert runs[0] == runs[1]
+    if any(q is not None for _, q in runs[0]):                    # it samples: other seeds, other draws
+        assert runs[2] != runs[0]
 
 
 @pytest.mark.parametrize("name", sorted(CONFORMANCE))
 def test_proposals_well_formed_within_budget(name, target):
-    d = create(name, target, **CONFORMANCE[name](target))
-    d.bind(4, 128)
+    d = started(name, target)
     greedy = SamplingParams()
-    for sid, prompt in enumerate(PROMPTS):
-        d.begin(sid, prompt, greedy, 20)
-        d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[0]], prompt_features(target, prompt, d.feature_layers)))
     for k in (0, 1, 3, 8, 32):
         for max_depth in (1, 2, 50):
             reqs = [DraftRequest(sid, p + [p[0]], k, greedy, max_depth) for sid, p in enumerate(PROMPTS)]
@@ -71,7 +126,6 @@ def test_proposals_well_formed_within_budget(name, target):
                 prop.check(VOCAB)                                  # a well-formed tree over the vocabulary
                 assert len(prop) <= k
                 assert max(prop.depths(), default=0) <= max_depth
-                assert d.tree or prop.is_chain
     for sid in range(len(PROMPTS)):
         d.end(sid)
 

@@ -125,16 +125,6 @@ def test_registry_refusals(target):
         create("draft-model", target, model=tiny_model(seed=1, vocab=32))
 
 
-def test_ngram_propose_by_hand():
-    import numpy as np
-    from specserve.drafters.ngram import ngram_propose
-    t = np.array([1, 2, 3, 4, 1, 2])
-    assert ngram_propose(t, 1, 3, 3) == [3, 4, 1]
-    assert ngram_propose(t, 1, 3, 1) == [3]
-    assert ngram_propose(np.array([5, 6, 7]), 1, 3, 4) == []
-    assert ngram_propose(np.array([1, 9, 1, 8, 1]), 1, 1, 2) == [8, 1]   # most recent match wins
-
-
 def test_abort_frees_the_slot(target):
     eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
     sid = eng.admit(Request(PROMPTS[0], 40))
@@ -202,7 +192,7 @@ def test_drafters_get_features_of_committed_positions(target, plain):
         n = got.shape[0]                       # positions the cache committed (the last token is pending)
         assert n == len(seq) - 1 or out.finish_reason == "length"
         assert torch.equal(got, ref[layer][0, :n])
-    assert [len(fb.emitted) for fb in fbs[1:]] == [fb.num_accepted + 1 for fb in fbs[1:]]
+    assert [len(fb.emitted) for fb in fbs[1:]] == [len(fb.accepted) + 1 for fb in fbs[1:]]
 
 
 def test_no_features_when_none_declared(target):

@@ -192,14 +192,17 @@ def test_int8_ceiling_is_measured():
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_learned_heads_run_on_the_int8_kernels_and_keep_greedy_identity(kind):
     """On a target with int8 activations a head's matrix products run as Q8_0 blocks on the int8
-    kernels; drafting (k = 4) still gives plain decoding's tokens."""
+    kernels (its LM head over the reduced vocabulary of ``tiny_head``, the first 48 tokens, checked
+    bit for bit); drafting (k = 4) still gives plain decoding's tokens."""
     from conftest import tiny_head
     from specserve.drafters import create
     from specserve.engine import Engine, Request
 
     target = tiny_model(seed=41, vocab=64, layers=3, kernels="native-int8")
     d = create(kind, target, head=tiny_head(kind, target))
-    assert isinstance(d.lm.w, pk.PackedWeight)
+    rows = target.model.weight_rows("lm_head", torch.arange(48))
+    x = torch.randn(3, target.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(d.lm(x), nt.linear(x, pk.PackedWeight.pack(pk.quantize_q8_0(rows))))
     prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7, 9]
     plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
     ref = plain.generate([Request(prompt, 24)])[0].tokens

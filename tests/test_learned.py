@@ -15,9 +15,10 @@ from conftest import prompt_features, tiny_config, tiny_head, tiny_model, tiny_s
 from specserve.drafters import DraftProposal, DraftRequest, Feedback, create
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
+from specserve.drafters.heads import load_head
 from specserve.train.data import DataConfig, generate, load
-from specserve.train.heads import load_head
-from specserve.train.trainer import Data, TrainConfig, Trainer, eagle_unroll
+from specserve.train.objectives import eagle_unroll
+from specserve.train.trainer import Data, TrainConfig, Trainer
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7, 9]
 
@@ -100,7 +101,7 @@ def test_sampled_drafts_are_chains_with_proper_q(kind, target):
     head = tiny_head(kind, target)
     d = create(kind, target, head=head)
     sp = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
-    d.begin(0, PROMPT, sp, 16)
+    d.begin(0, PROMPT, sp, 16, generator=torch.Generator().manual_seed(3))
     d.feedback(Feedback(0, DraftProposal([]), [], [7], prompt_features(target, PROMPT, d.feature_layers)))
     prop = d.propose([DraftRequest(0, PROMPT + [7], 3, sp)])[0]
     assert prop.is_chain and len(prop) == 3

@@ -269,15 +269,89 @@ def test_features_for_every_fed_position(kernels):
     assert diff == 0.0 if kernels == "native" else diff <= 1e-5
 
 
-@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
-def test_runtimes_implement_the_decoder_protocol_and_timer_hook(kernels):
-    """Every runtime is a Decoder; a PartTimer set through the hook times each part of a pass, and
-    once removed, passes are no longer timed (and give the same logits)."""
-    from specserve.models.decoder import Decoder, PartTimer, timed
+RUNTIMES = ["native", "native-int8", "fbgemm", "torch"]
 
-    lm = tiny_model(seed=6, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto")
-    m = lm.model
-    assert isinstance(m, Decoder) and m.weight_bytes() > 0
+
+def _runtime(kernels: str, seed: int):
+    return tiny_model(seed=seed, vocab=64, kernels=kernels, attention="sdpa" if kernels == "torch" else "auto").model
+
+
+@pytest.mark.parametrize("kernels", RUNTIMES)
+def test_every_runtime_keeps_the_decoder_protocol(kernels):
+    """What ``Decoder.forward`` promises, on every runtime: a [B, T] tree pass returns logits
+    [B, T, V] and features [B, T, hidden]; the same tokens as a ragged pass (every length T, parents
+    flat) return features [N, hidden] and, with ``logits_for``, logits [len(logits_for), V] in that
+    order, with the same values (bit for bit where the runtime is batch-invariant); ``last_only``
+    gives [B, 1, V], each row's last token; ``last_only`` on a ragged pass and ``logits_for`` on a
+    [B, T] one are refused."""
+    m = _runtime(kernels, seed=6)
+    last, hid = m.config.num_layers, m.config.hidden_size
+    assert isinstance(m.dtype, torch.dtype) and isinstance(m.device, torch.device) and m.weight_bytes() > 0
+    g = torch.Generator().manual_seed(2)
+    cache = m.new_cache(4, 64)
+    prompts = torch.randint(0, 64, (2, 9), generator=g)
+    m(prompts, cache, [0, 1], [0, 0])                     # rows 2, 3 hold the same prefixes as rows 0, 1
+    m(prompts, cache, [2, 3], [0, 0])
+    toks = torch.randint(0, 64, (2, 4), generator=g)
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, -1]])
+    padded = m(toks, cache, [0, 1], [9, 9], parents=parents, features=(0, last))
+    assert padded.logits.shape == (2, 4, 64) and padded.features[last].shape == (2, 4, hid)
+    pick = [7, 0, 5, 2]
+    ragged = m(toks.reshape(-1), cache, [2, 3], [9, 9], lengths=[4, 4], parents=parents.reshape(-1),
+               features=(0, last), logits_for=pick)
+    assert ragged.logits.shape == (4, 64) and ragged.features[last].shape == (8, hid)
+    expect, expect_f = padded.logits.reshape(8, 64)[pick], padded.features[last].reshape(8, hid)
+    if m.invariant_tokens:
+        assert torch.equal(ragged.logits, expect) and torch.equal(ragged.features[last], expect_f)
+        assert torch.equal(ragged.features[0], padded.features[0].reshape(8, hid))
+    else:
+        assert torch.allclose(ragged.logits, expect, atol=1e-4) and torch.allclose(ragged.features[last], expect_f,
+                                                                                    atol=1e-5)
+    chain = m(toks, cache, [0, 1], [9, 9], last_only=True)
+    assert chain.logits.shape == (2, 1, 64)
+    with pytest.raises(ValueError, match="last_only"):
+        m(toks.reshape(-1), cache, [2, 3], [9, 9], lengths=[4, 4], last_only=True)
+    with pytest.raises(ValueError, match="logits_for"):
+        m(toks, cache, [0, 1], [9, 9], logits_for=[0])
+
+
+@pytest.mark.parametrize("kernels", RUNTIMES)
+def test_matmul_runs_on_the_runtimes_own_kernels(kernels):
+    """``Decoder.matmul``: y = x W^T (+ b) within the runtime's rounding of a float64 reference (int8
+    activations against Q8_0 weights: 2% of the output's scale; float16 weights: 0.2%; fp32: 1e-5),
+    and bit for bit what the learned drafters' heads computed before the hook existed (their
+    ``Matmul``, spelled out): Q8_0 blocks on the int8 kernels (in_features a multiple of 32),
+    float16 blocks on the native f32 kernels, float32 torch otherwise."""
+    from specserve.models import native as nt
+    from specserve.models.native import packed as pk
+
+    m = _runtime(kernels, seed=7)
+    g = torch.Generator().manual_seed(8)
+    for n, k, with_bias in ((48, 64, True), (40, 64, False), (16, 24, True)):
+        w, x = torch.randn(n, k, generator=g), torch.randn(5, k, generator=g)
+        b = torch.randn(n, generator=g) if with_bias else None
+        y = m.matmul(w, b)(x)
+        ref = x.double() @ w.double().T + (b.double() if b is not None else 0)
+        int8 = kernels == "native-int8" and k % 32 == 0
+        tol = 2e-2 if int8 else 2e-3 if kernels.startswith("native") else 1e-5
+        assert y.dtype == torch.float32 and y.shape == (5, n)
+        assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+        if int8:
+            expect = nt.linear(x, pk.PackedWeight.pack(pk.quantize_q8_0(w)), b)
+        elif kernels.startswith("native"):
+            expect = nt.linear(x, nt.NativeWeight.from_float(w, nt.F16), b)
+        else:
+            expect = x @ w.T + b if b is not None else x @ w.T
+        assert torch.equal(y, expect)
+
+
+@pytest.mark.parametrize("kernels", ["native", "fbgemm", "torch"])
+def test_timer_hook_times_every_part(kernels):
+    """A PartTimer set through the hook times each part of a pass, and once removed, passes are no
+    longer timed (and give the same logits)."""
+    from specserve.models.decoder import PartTimer, timed
+
+    m = _runtime(kernels, seed=6)
     cache = m.new_cache(1, 64)
     x = torch.tensor([[1, 2, 3, 4]])
     plain = m(x, cache, [0], [0]).logits

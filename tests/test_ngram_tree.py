@@ -1,12 +1,15 @@
-"""ngram-tree's algorithm by hand, and the greedy replay used to tune it."""
+"""The trie drafters' shared algorithm and ngram lookup by hand, and the greedy replay used to tune them."""
 
 import numpy as np
 import pytest
 
+from specserve.errors import SpecserveError
+
 from specserve.bench.replay import accepted_path, replay
-from specserve.drafters import DraftProposal, create
-from specserve.drafters.ngram import reliability
-from specserve.drafters.ngram_tree import find_matches, ngram_tree_propose
+from specserve.drafters import DraftProposal, DraftRequest, create
+from specserve.drafters.ngram_tree import ngram_tree_propose
+from specserve.drafters.trie import TrieOptions, find_matches, reliability
+from specserve.sampling import SamplingParams
 
 A, B, X, Y, DOT = 1, 2, 3, 4, 5
 
@@ -24,24 +27,48 @@ def test_docstring_example_two_branches_recent_first():
     """The y branch follows the longer match (". a b", 3 tokens) and comes first, its path deep; the x
     branch (a 2-token match) is a sibling scored lower, kept once the budget allows."""
     tokens = np.array([A, B, X, DOT, A, B, Y, DOT, A, B])
-    prop = ngram_tree_propose(tokens, k=8, max_depth=4, min_score=0.0)
+    prop = ngram_tree_propose(tokens, 8, 4, TrieOptions(min_score=0.0))
     assert prop.tokens[:4] == [Y, DOT, A, B] and prop.parents[:4] == [-1, 0, 1, 2]
     x = prop.tokens.index(X)
     assert prop.parents[x] == -1 and prop.confidence[x] < prop.confidence[0]
     assert all(c <= prop.confidence[p] for c, p in zip(prop.confidence, prop.parent_list()) if p >= 0)
-    assert ngram_tree_propose(tokens, k=1, max_depth=4, min_score=0.0).tokens == [Y]
+    assert ngram_tree_propose(tokens, 1, 4, TrieOptions(min_score=0.0)).tokens == [Y]
 
 
 def test_budget_depth_and_threshold():
     tokens = np.array([A, B, X, DOT, A, B, Y, DOT, A, B, X, Y, A, B])
     for k in range(0, 9):
         for depth in (1, 2, 5):
-            prop = ngram_tree_propose(tokens, k=k, max_depth=depth, min_score=0.0)
+            prop = ngram_tree_propose(tokens, k, depth, TrieOptions(min_score=0.0))
             prop.check(10)
             assert len(prop) <= k and max(prop.depths(), default=0) <= depth
-    strict = ngram_tree_propose(tokens, k=8, max_depth=5, min_score=0.9)
+    strict = ngram_tree_propose(tokens, 8, 5, TrieOptions(min_score=0.9))
     assert all(c >= 0.9 for c in strict.confidence or [])
-    assert ngram_tree_propose(np.array([A, B, X]), k=8, max_depth=5).tokens == []   # nothing to copy
+    assert ngram_tree_propose(np.array([A, B, X]), 8, 5).tokens == []   # nothing to copy
+
+
+def test_ngram_drafter_by_hand():
+    """The most recent match of the longest suffix, its continuation cut to the budget and the depth."""
+    def tokens(seq, k, max_depth=50, **opts):
+        d = create("ngram", None, **opts)
+        return d.propose([DraftRequest(0, seq, k, SamplingParams(), max_depth)])[0].tokens
+    assert tokens([1, 2, 3, 4, 1, 2], 3, max_n=3) == [3, 4, 1]
+    assert tokens([1, 2, 3, 4, 1, 2], 1, max_n=3) == [3]
+    assert tokens([1, 2, 3, 4, 1, 2], 3, max_depth=2, max_n=3) == [3, 4]
+    assert tokens([5, 6, 7], 4, max_n=3) == []
+    assert tokens([1, 9, 1, 8, 1], 2, max_n=1) == [8, 1]           # most recent match wins
+    assert tokens([1, 2, 3, 4, 1, 2], 0) == []
+    conf = create("ngram", None).propose([DraftRequest(0, [1, 2, 3, 4, 1, 2], 3, SamplingParams())])[0].confidence
+    assert conf == sorted(conf, reverse=True) and all(0 < c < 1 for c in conf)
+
+
+def test_trie_options_are_refused_with_the_drafter_named():
+    with pytest.raises(SpecserveError, match="ngram-tree needs 1 <= min_n"):
+        create("ngram-tree", None, min_n=3, max_n=2)
+    with pytest.raises(SpecserveError, match="suffix needs 0 < base"):
+        create("suffix", None, base=0.0)
+    with pytest.raises(SpecserveError, match="suffix needs size_factor"):
+        create("suffix", None, size_factor=0.0)
 
 
 def test_reliability_rises_with_match_length():

@@ -4,11 +4,10 @@ import pytest
 import torch
 
 from conftest import tiny_head, tiny_model
-from specserve.control import CostModel, prefill_shares
+from specserve.control import CostModel, PrefillPolicy, prefill_shares
 from specserve.drafters import create
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
-from specserve.prefill import PrefillPolicy
 from specserve.prefix_cache import BLOCK, PrefixCache
 from specserve.sampling import SamplingParams
 
@@ -144,8 +143,8 @@ def test_chunked_prefill_leaves_the_cache_bits_of_a_whole_prefill(target):
     for ref_engine in refs:
         ref = ref_engine.generate([Request(LONG, 12)])[0]
         assert got.tokens == ref.tokens and got.stats.verify_passes == ref.stats.verify_passes
-        assert torch.equal(ref_engine.cache.k_all[:, 0, :, :n], small.cache.k_all[:, 0, :, :n])
-        assert torch.equal(ref_engine.cache.v_all[:, 0, :, :n], small.cache.v_all[:, 0, :, :n])
+        assert torch.equal(ref_engine.rows.cache.k_all[:, 0, :, :n], small.rows.cache.k_all[:, 0, :, :n])
+        assert torch.equal(ref_engine.rows.cache.v_all[:, 0, :, :n], small.rows.cache.v_all[:, 0, :, :n])
     assert big.generate([Request(LONG, 1)])[0].stats.prefill_passes == -(-len(LONG) // big.prompt_tokens_max)
 
 
@@ -200,7 +199,7 @@ def test_prefix_reuse_is_exact_and_counts(target):
     rd = warm.generate([Request(turn, 8)])[0]
     assert rd.stats.cached_tokens == (len(a) + len(ra.tokens) - 1) // BLOCK * BLOCK > len(a) - 1 - BLOCK
     assert rd.tokens == cold.generate([Request(turn, 8)])[0].tokens
-    st = warm.prefill.pool.stats
+    st = warm.prefixes.pool.stats
     assert st.hit_tokens == 192 + rc.stats.cached_tokens + rd.stats.cached_tokens
 
 
@@ -231,7 +230,7 @@ def test_abort_and_a_one_token_request_while_prefilling(target):
 
 def test_a_short_prompt_does_not_wait_behind_a_long_one(target):
     eng = engine(target, chunk=64, stall=3.0, max_batch=3)
-    eng.sizer.cost = linear_cost()     # deterministic budgets: the decoding step 13 s, the budget 39 s
+    eng.controller.cost = linear_cost()     # deterministic budgets: the decoding step 13 s, the budget 39 s
     running = eng.admit(Request(SHORT[0], 200))
     eng.step()
     long_id = eng.admit(Request(LONG, 4))
@@ -250,7 +249,7 @@ def test_chunking_off_prefills_a_prompt_whole_beside_running_streams(target):
     """With chunking off, a prompt is one step's chunk even when the cost model exists (as in a
     server that calibrated at start) and others are decoding."""
     eng = engine(target, chunk=None, max_batch=2)
-    eng.sizer.cost = linear_cost()
+    eng.controller.cost = linear_cost()
     running = eng.admit(Request(SHORT[0], 50))
     eng.step()
     sid = eng.admit(Request(LONG, 4))

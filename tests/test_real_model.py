@@ -21,7 +21,7 @@ from specserve.errors import SpecserveError
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
 from specserve.models import RuntimeOptions, load_model
-from specserve.prefill import PrefillPolicy
+from specserve.control import PrefillPolicy
 
 pytestmark = pytest.mark.slow
 N_TOKENS = 64
@@ -145,10 +145,10 @@ def test_tree_budget_16_greedy_identity_and_branches_used(llm, prompts, plain, d
     """Trees of up to 16 nodes on the real model: identical output, alone and batched, and some
     steps accept a path that leaves the tree's first branch."""
     name = "ngram-tree"
-    alone = Engine(llm.target, {name: drafters[name]()}, max_batch=1, max_len=1024)
+    d = drafters[name]()
+    alone = Engine(llm.target, {name: d}, max_batch=1, max_len=1024)
     off_first = 0
     for p, ref in zip(prompts, plain):
-        d = alone.drafters[name]
         seen = []
         feedback = d.feedback
         d.feedback = lambda fb: (seen.append(fb.accepted), feedback(fb))
@@ -190,9 +190,13 @@ def test_greedy_identity_fbgemm_runtime(prompts):
 
 
 def test_chat_prompt_and_stop_string(llm):
-    out = llm.generate(["Count from 1 to 10, separated by commas."], max_tokens=40, drafter="none",
-                       stop=["5"])[0]
-    assert "5" not in out.text and out.finish_reason == "stop"
+    """A stop string the plain output reaches: the stopped output is the plain text cut before it."""
+    prompt, stop = "Count from 1 to 10, separated by commas.", "5"
+    plain = llm.generate([prompt], max_tokens=40, drafter="none")[0]
+    assert stop in plain.text, plain.text                # the case under test: the stop string is reached
+    out = llm.generate([prompt], max_tokens=40, drafter="none", stop=[stop])[0]
+    assert out.finish_reason == "stop" and out.text == plain.text[:plain.text.index(stop)]
+    assert len(out.token_ids) < len(plain.token_ids) and out.token_ids == plain.token_ids[:len(out.token_ids)]
 
 
 def test_chunked_prefill_under_load_and_prefix_reuse_are_exact(llm, prompts, plain):

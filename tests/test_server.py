@@ -15,7 +15,7 @@ import pytest
 
 from specserve.drafters.registry import drafter_class
 from specserve.llm import LLM
-from specserve.prefill import PrefillPolicy
+from specserve.control import PrefillPolicy
 from specserve.server.app import create_app
 
 pytestmark = pytest.mark.slow

@@ -62,6 +62,18 @@ def draft_sizes(recs: list[dict]) -> dict:
             "measured_over_predicted_p50": percentile(ratios, 50), "measured_over_predicted_p90": percentile(ratios, 90)}
 
 
+TIME_PARTS = ("draft", "size", "pass", "verify", "commit", "other")   # RequestStats' timers, summing to total_s
+
+
+def time_share(recs: list[dict], key: str) -> float:
+    """The share of the requests' total time spent in one timer (``draft_s``, ``pass_s``...); NaN when
+    no time was measured or a record lacks the timer (results from before it existed)."""
+    total = sum(r["total_s"] for r in recs)
+    if not total or any(key not in r for r in recs):
+        return math.nan
+    return sum(r[key] for r in recs) / total
+
+
 def speedups(method: list[dict], baseline: list[dict]) -> dict[str, float]:
     """Speed-up against the baseline on the same prompts, two ways.
 
@@ -98,6 +110,4 @@ def summarize(recs: list[dict]) -> dict:
         "acceptance_by_depth": acceptance_by_depth(recs),
         "mean_nodes_per_step": mean_nodes_per_step(recs),
         "draft_sizes": draft_sizes(recs),
-        "share_draft": sum(r["draft_s"] for r in recs) / total if total else math.nan,
-        "share_verify": sum(r["verify_s"] for r in recs) / total if total else math.nan,
-    }
+    } | {f"share_{part}": time_share(recs, f"{part}_s") for part in TIME_PARTS}

@@ -4,36 +4,63 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specserve.bench.metrics import TIME_PARTS
+
 
 def _ms(x: float) -> str:
     return "-" if x != x else f"{x * 1e3:.0f}"
 
 
+def _pct(x: float | None) -> str:
+    """A share as a whole percentage; "-" when absent (a results file from before the timer existed)."""
+    return "-" if x is None or x != x else f"{x * 100:.0f}"
+
+
 def render_report(doc: dict) -> str:
-    cfg, r = doc["config"], doc["roofline"]
-    lines = ["# specserve bench", "", f"Command: `{cfg['command']}`", "",
-             f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
-             f"{_sampling(cfg)}, prompts: {cfg.get('prompt_format', 'chat template')}. Machine: "
-             f"{doc['machine'].get('processor') or 'CPU'}, {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
-             "## Roofline", "", roofline_line(r).strip(), "",
-             "## Concurrency 1, all prompts", "",
+    """report.md: the run's setting and roofline, then each table the document has data for."""
+    lines = _head(doc) + _overall_table(doc) + _draft_size_table(doc) + _learned(doc) + _group_table(doc)
+    lines += _concurrency_table(doc) + _cost_section(doc) + _peer_table(doc)
+    if doc.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def _head(doc: dict) -> list[str]:
+    cfg = doc["config"]
+    return ["# specserve bench", "", f"Command: `{cfg['command']}`", "",
+            f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
+            f"{_sampling(cfg)}, prompts: {cfg.get('prompt_format', 'chat template')}. Machine: "
+            f"{doc['machine'].get('processor') or 'CPU'}, {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
+            "## Roofline", "", roofline_line(doc["roofline"]).strip()]
+
+
+def _overall_table(doc: dict) -> list[str]:
+    """Concurrency 1 over all prompts: speed, acceptance, latency, and where the time goes."""
+    sampled = bool(doc["config"].get("temperature"))
+    parts = " | ".join(f"{p} %" for p in TIME_PARTS)
+    lines = ["", "## Concurrency 1, all prompts", "",
              "| method | tok/s (mean) | tok/s (total) | speed-up (Spec-Bench) | speed-up (total time) | mean accepted length "
-             "| nodes per step | acceptance by depth | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | draft % | verify % "
+             f"| nodes per step | acceptance by depth | TTFT p50/p90 ms | TPOT p50/p90 ms | E2E p50/p99 s | {parts} "
              "| divergent |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(TIME_PARTS) + "---|"]
     for label, s in doc["summary"].items():
         o = s["overall"]
         acc = " ".join(f"{a:.2f}" for a in o["acceptance_by_depth"][:8]) or "-"
         name = f"{label} (SYNTHETIC)" if s["synthetic"] else label
+        shares = " | ".join(_pct(o.get(f"share_{p}")) for p in TIME_PARTS)
         lines.append(f"| {name} | {o['tokens_per_second_mean']:.1f} | {o['tokens_per_second_total']:.1f} | "
                      f"{o['speedup']['spec_bench']:.2f}x | {o['speedup']['total_time']:.2f}x | "
-                     f"{o['mean_accepted_length']:.2f} | {o['mean_nodes_per_step']:.2f} | {acc} | {_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
+                     f"{o['mean_accepted_length']:.2f} | {o['mean_nodes_per_step']:.2f} | {acc} | "
+                     f"{_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
                      f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
-                     f"{o['share_draft'] * 100:.0f} | {o['share_verify'] * 100:.0f} | "
-                     + (f"{o['divergent_prompts']}/{o['requests']} |" if not cfg.get("temperature") else "- (sampled) |"))
-    lines += ["", "## Draft sizes chosen (nodes per verification step; auto: the controller's choice)", "",
-              "| method | steps with no draft | nodes per step: steps | measured / predicted pass time p50 (p90) |",
-              "|---|---|---|---|"]
+                     f"{shares} | " + (f"{o['divergent_prompts']}/{o['requests']} |" if not sampled else "- (sampled) |"))
+    return lines
+
+
+def _draft_size_table(doc: dict) -> list[str]:
+    lines = ["", "## Draft sizes chosen (nodes per verification step; auto: the controller's choice)", "",
+             "| method | steps with no draft | nodes per step: steps | measured / predicted pass time p50 (p90) |",
+             "|---|---|---|---|"]
     for label, s in doc["summary"].items():
         d = s["overall"].get("draft_sizes")
         if not d:
@@ -42,49 +69,65 @@ def render_report(doc: dict) -> str:
         ratio = (f"{d['measured_over_predicted_p50']:.2f} ({d['measured_over_predicted_p90']:.2f})"
                  if d["measured_over_predicted_p50"] == d["measured_over_predicted_p50"] else "-")
         lines.append(f"| {label} | {d['off_share'] * 100:.0f}% | {hist} | {ratio} |")
-    lines += _learned(doc)
-    groups = cfg["groups"]
-    lines += ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length / nodes per step", "",
-              "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    return lines
+
+
+def _group_table(doc: dict) -> list[str]:
+    groups = doc["config"]["groups"]
+    lines = ["", "## Per group: speed-up (Spec-Bench definition) / mean accepted length / nodes per step", "",
+             "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
     for label, s in doc["summary"].items():
         cells = [f"{s['groups'][g]['speedup']['spec_bench']:.2f}x / {s['groups'][g]['mean_accepted_length']:.2f} / "
                  f"{s['groups'][g]['mean_nodes_per_step']:.1f}" if g in s["groups"] else "-" for g in groups]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if doc.get("concurrency"):
-        lines += ["", "## Concurrency (closed loop, batched engine)", "",
-                  "| method | concurrency | requests | req/s | output tok/s | vs plain | TTFT p50/p99 ms | TPOT p50/p99 ms | "
-                  "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length | nodes per step | steps with no draft |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        plain = {c["concurrency"]: c["output_tok_s"] for c in doc["concurrency"] if c["method"] == "none"}
-        for c in doc["concurrency"]:
-            vs = c["output_tok_s"] / plain[c["concurrency"]] if plain.get(c["concurrency"]) else float("nan")
-            off = c.get("draft_sizes", {}).get("off_share", float("nan"))
-            lines.append(f"| {c['method']} | {c['concurrency']} | {c['requests']} | {c['request_throughput']:.3f} | "
-                         f"{c['output_tok_s']:.1f} | {vs:.2f}x | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
-                         f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
-                         f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} | "
-                         f"{c.get('mean_nodes_per_step', float('nan')):.2f} | {off * 100:.0f}% |")
-    if doc.get("cost_curve"):
-        lines += ["", "## Cost of one target pass (ms; in brackets: relative to 1 token at the same batch size)", "",
-                  *cost_table(doc["cost_curve"])]
-        ceiling = r.get("compute_ms_per_token")
-        if ceiling == ceiling and ceiling:
-            lines += ["", "Each extra token of a pass against the multiply-add ceiling "
-                      f"({ceiling:.2f} ms per token): " + "; ".join(
-                          f"batch {b}: {ms:.2f} ms ({ms / ceiling:.1f}x the ceiling)"
-                          for b, ms in marginal_token_ms(doc["cost_curve"]).items()) + "."]
-    if doc.get("peers"):
-        lines += ["", "## Peers (same prompts, greedy)", "",
-                  "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
-        for p in doc["peers"]:
-            if "error" in p:
-                lines.append(f"| {p['peer']} | failed after {p['requests']} prompts: {p['error']} | | |")
-                continue
-            lines.append(f"| {p['peer']} | {p['tokens_per_second_mean']:.1f} | {p['tokens_per_second_total']:.1f} | "
-                         f"{p['same_greedy_text']}/{p['requests']} |")
-    if doc.get("plots"):
-        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _concurrency_table(doc: dict) -> list[str]:
+    if not doc.get("concurrency"):
+        return []
+    lines = ["", "## Concurrency (closed loop, batched engine)", "",
+             "| method | concurrency | requests | req/s | output tok/s | vs plain | TTFT p50/p99 ms | TPOT p50/p99 ms | "
+             "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length | nodes per step | steps with no draft |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    plain = {c["concurrency"]: c["output_tok_s"] for c in doc["concurrency"] if c["method"] == "none"}
+    for c in doc["concurrency"]:
+        vs = c["output_tok_s"] / plain[c["concurrency"]] if plain.get(c["concurrency"]) else float("nan")
+        off = c.get("draft_sizes", {}).get("off_share", float("nan"))
+        lines.append(f"| {c['method']} | {c['concurrency']} | {c['requests']} | {c['request_throughput']:.3f} | "
+                     f"{c['output_tok_s']:.1f} | {vs:.2f}x | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
+                     f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
+                     f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} | "
+                     f"{c.get('mean_nodes_per_step', float('nan')):.2f} | {off * 100:.0f}% |")
+    return lines
+
+
+def _cost_section(doc: dict) -> list[str]:
+    if not doc.get("cost_curve"):
+        return []
+    lines = ["", "## Cost of one target pass (ms; in brackets: relative to 1 token at the same batch size)", "",
+             *cost_table(doc["cost_curve"])]
+    ceiling = doc["roofline"].get("compute_ms_per_token")
+    if ceiling == ceiling and ceiling:
+        lines += ["", "Each extra token of a pass against the multiply-add ceiling "
+                  f"({ceiling:.2f} ms per token): " + "; ".join(
+                      f"batch {b}: {ms:.2f} ms ({ms / ceiling:.1f}x the ceiling)"
+                      for b, ms in marginal_token_ms(doc["cost_curve"]).items()) + "."]
+    return lines
+
+
+def _peer_table(doc: dict) -> list[str]:
+    if not doc.get("peers"):
+        return []
+    lines = ["", "## Peers (same prompts, greedy)", "",
+             "| engine | tok/s (mean) | tok/s (total) | greedy text equal to ours |", "|---|---|---|---|"]
+    for p in doc["peers"]:
+        if "error" in p:
+            lines.append(f"| {p['peer']} | failed after {p['requests']} prompts: {p['error']} | | |")
+            continue
+        lines.append(f"| {p['peer']} | {p['tokens_per_second_mean']:.1f} | {p['tokens_per_second_total']:.1f} | "
+                     f"{p['same_greedy_text']}/{p['requests']} |")
+    return lines
 
 
 def _sampling(cfg: dict) -> str:

@@ -9,6 +9,7 @@ engines; 6. results.json, report.md and plots.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -21,6 +22,8 @@ from specserve.bench.metrics import speedups, summarize
 from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
+
+MAX_LEN = 4096          # context length of the bench's engines
 
 
 @dataclass(frozen=True)
@@ -98,43 +101,81 @@ def _checkpoint(doc: dict, out: str) -> None:
 
 
 def run_bench(cfg: BenchConfig, options=None) -> dict:
-    from specserve.bench.costs import cost_curve, roofline
+    """The phases of the module docstring, in order; results.json is written after each of them."""
+    from specserve.bench.costs import cost_curve
     from specserve.llm import LLM
 
-    methods = [Method.parse(m) for m in cfg.methods]
-    if not any(m.drafter == "none" for m in methods):
-        methods.insert(0, Method("none", 0, {}, "none"))
-    methods.sort(key=lambda m: m.drafter != "none")
+    methods = _methods(cfg)
     prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
     if any(c < 1 for c in cfg.concurrency):
         raise SpecserveError("concurrency levels must be >= 1")
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
-              max_batch=1, max_len=4096)
-    target = llm.target
+              max_batch=1, max_len=MAX_LEN)
     chat = llm.tokenizer.hf.chat_template is not None       # a base model's file may have no chat template
     ids = [llm.encode(p.text, raw=not chat) for p in prompts]
-    greedy = SamplingParams()
-    doc: dict = {"config": vars(cfg) | {"command": " ".join(sys.argv), "runtime": vars(target.options),
-                                          "model_path": target.path,
-                                          "prompt_format": "chat template" if chat else "raw text (no chat template)"},
-                 "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                             "processor": cpu_name(), "cpus": __import__("os").cpu_count()},
-                 "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+    doc = _header(cfg, llm.target, chat)
+    doc["roofline"] = _roofline(llm.target)                  # 1. printed before anything is measured
+    print("cost curve", file=sys.stderr)                     # 2.
+    doc["cost_curve"] = cost_curve(llm.target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
+    records = _every_method(llm, methods, prompts, ids, cfg)  # 3.
+    # what each drafter reports after the run (a corpus, learned rates; a calibration from start-up)
+    described = llm.describe_drafters()
+    doc["drafters"] = {m.label: described[m.label] for m in methods}
+    doc["summary"] = _summaries(methods, records, cfg.groups)
+    doc["records"] = records
+    _checkpoint(doc, cfg.out)
+    doc["concurrency"] = []                                  # 4.
+    n_conc = cfg.concurrency_prompts or len(prompts)
+    for level in sorted(set(cfg.concurrency)):
+        if level == 1:
+            runs = {m.label: (records[m.label][:n_conc], sum(r["total_s"] for r in records[m.label][:n_conc]))
+                    for m in methods}
+        else:
+            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling)
+        doc["concurrency"] += [_concurrency_row(m.label, level, *runs[m.label]) for m in methods]
+        _checkpoint(doc, cfg.out)
+    doc["peers"] = run_peers(cfg, llm.target.path, ids, records[methods[0].label], llm.tokenizer)   # 5.
+    _checkpoint(doc, cfg.out)
+    _write_files(doc, cfg)                                   # 6.
+    return doc
 
-    # 1. roofline card, printed before anything is measured
-    doc["roofline"] = roofline(target)
-    r = doc["roofline"]
+
+def _methods(cfg: BenchConfig) -> list[Method]:
+    """The configured methods, plain decoding first (added if not named: it is the baseline)."""
+    methods = [Method.parse(m) for m in cfg.methods]
+    if not any(m.drafter == "none" for m in methods):
+        methods.insert(0, Method("none", 0, {}, "none"))
+    methods.sort(key=lambda m: m.drafter != "none")
+    return methods
+
+
+def _header(cfg: BenchConfig, target, chat: bool) -> dict:
+    """What a results document says before any figure: the configuration, the machine, the versions."""
+    return {"config": vars(cfg) | {"command": " ".join(sys.argv), "runtime": vars(target.options),
+                                   "model_path": target.path,
+                                   "prompt_format": "chat template" if chat else "raw text (no chat template)"},
+            "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                        "processor": cpu_name(), "cpus": os.cpu_count()},
+            "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _roofline(target) -> dict:
+    """1. The roofline card, printed."""
+    from specserve.bench.costs import roofline
+
+    r = roofline(target)
     print(f"roofline: {r['parameters'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights, "
           f"measured bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> plain decoding ceiling "
           f"{r['plain_decoding_ceiling_tok_s']:.0f} tok/s", file=sys.stderr)
+    return r
 
-    # 2. cost curve
-    print("cost curve", file=sys.stderr)
-    doc["cost_curve"] = cost_curve(target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
 
-    # 3. every method at concurrency 1 (warm-up first: one short run of each).  Methods are
-    #    interleaved prompt by prompt, in an order rotated from one prompt to the next, so that a
-    #    slow spell of a shared machine falls on every method alike instead of on one of them.
+def _every_method(llm, methods: list[Method], prompts, ids: list[list[int]], cfg: BenchConfig) -> dict[str, list[dict]]:
+    """3. Every method at concurrency 1 (warm-up first: one short run of each).  Methods are
+    interleaved prompt by prompt, in an order rotated from one prompt to the next, so that a slow
+    spell of a shared machine falls on every method alike instead of on one of them.  Returns per
+    method its records, in prompt order."""
+    greedy = SamplingParams()
     for m in methods:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
@@ -143,57 +184,45 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
             res = llm.engine.generate([llm.request(pid, cfg.max_tokens, cfg.sampling(i), m.label, m.k)])[0]
             records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
         _progress("every method", i + 1, len(prompts))
-    # what each drafter reports after the run (a corpus, learned rates; a calibration from start-up)
-    doc["drafters"] = {m.label: llm.engine.drafters[m.label].describe() for m in methods}
+    return records
+
+
+def _summaries(methods: list[Method], records: dict[str, list[dict]], groups: list[str]) -> dict:
+    """Per method: the summary over all prompts and per group, with speed-ups against plain decoding."""
     base = records[methods[0].label]
-    doc["summary"] = {}
+    out = {}
     for m in methods:
         recs = records[m.label]
-        groups = {g: ([r for r in recs if r["group"] == g], [b for b in base if b["group"] == g]) for g in cfg.groups}
-        doc["summary"][m.label] = {
+        by_group = {g: ([r for r in recs if r["group"] == g], [b for b in base if b["group"] == g]) for g in groups}
+        out[m.label] = {
             "synthetic": any(r["synthetic"] for r in recs),
             "overall": summarize(recs) | {"speedup": speedups(recs, base),
                                           "divergent_prompts": sum(r["tokens"] != b["tokens"] for r, b in zip(recs, base))},
-            "groups": {g: summarize(rs) | {"speedup": speedups(rs, bs)} for g, (rs, bs) in groups.items() if rs},
+            "groups": {g: summarize(rs) | {"speedup": speedups(rs, bs)} for g, (rs, bs) in by_group.items() if rs},
         }
-    doc["records"] = records
-    _checkpoint(doc, cfg.out)
+    return out
 
-    # 4. concurrency levels > 1, closed loop through the batched engine
-    doc["concurrency"] = []
-    n_conc = cfg.concurrency_prompts or len(prompts)
-    for level in sorted(set(cfg.concurrency)):
-        if level == 1:
-            runs = {m.label: (records[m.label][:n_conc], sum(r["total_s"] for r in records[m.label][:n_conc]))
-                    for m in methods}
-        else:
-            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling)
-        for m in methods:
-            recs, wall = runs[m.label]
-            s = summarize(recs)
-            doc["concurrency"].append({"method": m.label, "concurrency": level, "requests": len(recs),
-                                       "wall_s": wall, "request_throughput": len(recs) / wall,
-                                       "output_tok_s": sum(r["generated_tokens"] for r in recs) / wall,
-                                       "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "itl_s": s["itl_s"],
-                                       "e2e_s": s["e2e_s"], "mean_accepted_length": s["mean_accepted_length"],
-                                       "mean_nodes_per_step": s["mean_nodes_per_step"],
-                                       "draft_sizes": s["draft_sizes"]})
-        _checkpoint(doc, cfg.out)
 
-    _checkpoint(doc, cfg.out)
+def _concurrency_row(label: str, level: int, recs: list[dict], wall: float) -> dict:
+    """One method at one concurrency level: throughput over the wall time, latency distributions."""
+    s = summarize(recs)
+    return {"method": label, "concurrency": level, "requests": len(recs), "wall_s": wall,
+            "request_throughput": len(recs) / wall,
+            "output_tok_s": sum(r["generated_tokens"] for r in recs) / wall,
+            "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "itl_s": s["itl_s"], "e2e_s": s["e2e_s"],
+            "mean_accepted_length": s["mean_accepted_length"], "mean_nodes_per_step": s["mean_nodes_per_step"],
+            "draft_sizes": s["draft_sizes"]}
 
-    # 5. peers on the same prompts
-    doc["peers"] = run_peers(cfg, target.path, ids, base, llm.tokenizer)
-    _checkpoint(doc, cfg.out)
 
-    # 6. files
+def _write_files(doc: dict, cfg: BenchConfig) -> None:
+    """6. results.json, the plots and report.md."""
     from specserve.bench.report import render_report, write_plots
+
     outdir = Path(cfg.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
     doc["plots"] = write_plots(doc, outdir) if cfg.plots else []
     (outdir / "report.md").write_text(render_report(doc))
-    return doc
 
 
 def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int,
@@ -202,14 +231,11 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
     chunks of at least 2 x level, and the methods take turns chunk by chunk (in a rotated order), so
     that a slow spell of a shared machine falls on every method alike.  Returns per method its
     records and the wall seconds of its runs."""
-    from specserve.engine import Engine
-
     greedy = SamplingParams()
-    # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead), re-bound here
-    engines = {m.label: Engine(llm.target, {m.label: llm.engine.drafters[m.label]}, max_batch=level, max_len=4096)
-               for m in methods}
-    for m in methods:              # warm-up, and the cost model (auto draft sizes and prompt chunks use it)
-        engines[m.label].calibrate()
+    # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead); each engine
+    # holds one method's drafter, and these engines run one after another
+    engines = {m.label: llm.engine_with(level, [m.label]) for m in methods}
+    for m in methods:              # warm-up
         engines[m.label].generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
     out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
     plan = turns(len(ids), level, len(methods))
@@ -279,7 +305,7 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
     rows = bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), variants)
     doc = {"config": vars(cfg) | {"command": " ".join(sys.argv), "endpoint": url, "endpoint_model": model},
            "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                       "cpus": __import__("os").cpu_count()},
+                       "cpus": os.cpu_count()},
            "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S"), "endpoint": rows}
     base = next((r for r in rows if r["label"] in ("none", "default")), None)
     for r in rows:   # greedy identity across variants at the same concurrency

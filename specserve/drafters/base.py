@@ -19,18 +19,27 @@ share one q; siblings drawn *without replacement* carry q renormalised over the 
 before them.  Verification (``specserve.verify``) is exact in both cases.  ``probs=None`` means
 every node is deterministic (one-hot q), as for n-gram lookup.
 
-Options: each drafter declares its options (``Option``: name, type, default, help) and the largest
-draft the adaptive controller may give it (``max_auto_draft``); the registry builds drafters from
-them and the command line, the server and the benchmark read them from there, with no per-drafter
-code of their own.  A request's draft length is ``auto`` (chosen every step by the controller,
+Random draws: ``begin`` takes the sequence's ``generator``, a ``torch.Generator`` the engine
+creates per sequence (None for a greedy request; seeded from the request's seed, apart from the
+stream verification draws from).  A drafter that samples draws from it and from nothing else, and
+creates and seeds no generator of its own, so a seeded request is reproducible.
+
+Options: each drafter declares its options as one dataclass, ``Options`` (a field per option,
+written with ``option``: its default, help and check, each written once), from which
+``__init_subclass__`` derives the ``Option`` declarations (``options``: name, type, default, help)
+the registry reads; and it declares the largest draft the adaptive controller may give it
+(``max_auto_draft``).  A drafter is built as ``cls(target, **options)`` and keeps
+``self.opts = self.Options(**options)``, whose ``__post_init__`` refuses bad values.  The registry
+builds drafters from the declarations, and the command line, the server and the benchmark read
+them from there, with no per-drafter code of their own.  A request's draft length is ``auto`` (chosen every step by the controller,
 ``specserve.control``) unless it names a number, which then means exactly that number.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable, ClassVar, get_type_hints
 
 import torch
 from torch import Tensor
@@ -52,6 +61,24 @@ class Option:
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
+
+
+def option(default: Any = REQUIRED, help: str = "", check: Callable[[Any], Any] | None = None) -> Any:
+    """A field of a drafter's ``Options`` dataclass: its one default, its help and its check."""
+    extra = {} if default is REQUIRED else {"default": default}
+    return field(metadata={"help": help, "check": check}, **extra)
+
+
+def declared(options_type: type) -> tuple[Option, ...]:
+    """The ``Option`` declarations of an ``Options`` dataclass, in field order."""
+    hints = get_type_hints(options_type)
+    return tuple(Option(f.name, hints[f.name], REQUIRED if f.default is MISSING else f.default,
+                        f.metadata.get("help", ""), f.metadata.get("check")) for f in fields(options_type))
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a drafter that takes none."""
 
 
 @dataclass
@@ -154,14 +181,6 @@ class Feedback:
     # ^ the target's most likely token after each row of the pass: [pending token, node 0, node 1, ...]
     #   (len(proposal) + 1), whatever was accepted; only for drafters that set ``wants_predictions``
 
-    @property
-    def num_drafted(self) -> int:
-        return len(self.proposal)
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted)
-
 
 class Drafter(ABC):
     name: ClassVar[str] = ""
@@ -171,9 +190,15 @@ class Drafter(ABC):
     confidence: ClassVar[bool] = False       # proposals carry per-node confidence: under ``auto`` the drafter
                                              # is asked for its largest draft and the controller trims it
     preload: ClassVar[bool] = False          # cheap and option-free: a server loads it for requests to name
-    options: ClassVar[tuple[Option, ...]] = ()
+    Options: ClassVar[type] = NoOptions      # the options dataclass (see the module docstring)
+    options: ClassVar[tuple[Option, ...]] = ()   # derived from ``Options``: what the registry reads
     feature_layers: tuple[int, ...] = ()     # target layers whose features ``feedback`` should carry
     wants_predictions: ClassVar[bool] = False  # ``feedback`` carries the target's argmax at every node
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "Options" in cls.__dict__:
+            cls.options = declared(cls.Options)
 
     def bind(self, max_batch: int, max_len: int) -> None:
         """The engine will run at most ``max_batch`` sequences of at most ``max_len`` tokens."""
@@ -181,8 +206,10 @@ class Drafter(ABC):
     def validate(self, sampling: SamplingParams) -> None:
         """Refuse (SpecserveError) sampling settings this drafter cannot serve, before admission."""
 
-    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
-        """A new sequence starts; ``prompt`` is its full prompt."""
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+              generator: torch.Generator | None = None) -> None:
+        """A new sequence starts; ``prompt`` is its full prompt, ``generator`` the one its drafts are
+        drawn with (None: a greedy request; see the module docstring)."""
 
     @abstractmethod
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
@@ -197,3 +224,14 @@ class Drafter(ABC):
     def describe(self) -> dict:
         """What a report should say about this drafter beyond its spec (a learned head: where it came from)."""
         return {}
+
+
+def draw_generator(sampling: SamplingParams, generator: torch.Generator | None) -> torch.Generator | None:
+    """The generator a sampling drafter draws a sequence's tokens with: ``begin``'s ``generator``
+    (None for a greedy request).  A sampled sequence begun without one is refused: a drafter never
+    seeds a stream of its own."""
+    if sampling.greedy:
+        return None
+    if generator is None:
+        raise ValueError("a sampled sequence's drafter needs the generator the engine gives begin()")
+    return generator

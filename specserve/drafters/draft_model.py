@@ -13,11 +13,13 @@ the proposed tokens and verification stays exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, draw_generator, option
 from specserve.drafters.registry import register
 from specserve.drafters.vocab_bridge import TextBridge
 from specserve.errors import SpecserveError
@@ -41,14 +43,24 @@ def vocabulary_bridge(target: LoadedModel, draft: LoadedModel) -> TextBridge | N
     return None if tt.vocab() == dt.vocab() else TextBridge(tt, dt)
 
 
+@dataclass(frozen=True)
+class DraftModelOptions:
+    model: str = option(help="the draft model: a GGUF file or a Hugging Face directory", check=resolve_model_path)
+
+
 @register("draft-model")
 class DraftModelDrafter(Drafter):
     max_auto_draft = 8
-    options = (Option("model", str, help="the draft model: a GGUF file or a Hugging Face directory",
-                      check=resolve_model_path),)
+    Options = DraftModelOptions
 
-    def __init__(self, target: LoadedModel, model: str | LoadedModel):
-        self.draft = model if isinstance(model, LoadedModel) else load_model(model, target.options)
+    def __init__(self, target: LoadedModel, **options: Any):
+        self.opts = self.Options(**options)
+        model = self.opts.model
+        self._start(target, model if isinstance(model, LoadedModel) else load_model(model, target.options))
+
+    def _start(self, target: LoadedModel, draft: LoadedModel) -> None:
+        """Draft with ``draft`` (a subclass's own model, say a view of the target's layers)."""
+        self.draft = draft
         self.bridge = vocabulary_bridge(target, self.draft)
         self.cache = None
         self.free_rows: list[int] = []
@@ -62,15 +74,15 @@ class DraftModelDrafter(Drafter):
         self.cache = self.draft.model.new_cache(max_batch, max_len)
         self.free_rows = list(range(max_batch))
 
-    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+              generator: torch.Generator | None = None) -> None:
         if self.cache is None:
             raise RuntimeError("draft-model drafter used before bind()")
         self.row[seq_id] = self.free_rows.pop(0)
         self.cached[seq_id] = []
-        if not sampling.greedy:
-            g = torch.Generator(device=self.draft.model.device)
-            g.manual_seed((sampling.seed + 1) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
-            self.gen[seq_id] = g
+        gen = draw_generator(sampling, generator)
+        if gen is not None:
+            self.gen[seq_id] = gen
 
     def end(self, seq_id: int) -> None:
         self.free_rows.append(self.row.pop(seq_id))

@@ -1,6 +1,6 @@
 """``eagle``: a one-layer head trained on the target's own features drafts a dynamic tree (EAGLE-2).
 
-Terms as in ``specserve.train.heads``: position t has token x_t and target features f_t; the head's
+Terms as in ``specserve.drafters.heads.modules``: position t has token x_t and target features f_t; the head's
 *real* entry at t reads g_t = fuse(f_t) and the embedding of x_{t+1}, and its output o_t predicts
 x_{t+2}.  When the engine asks for a draft after the pending token x_n, the target's features are
 known up to position n - 1, so the real entries run up to t = n - 1 and o_{n-1} gives the
@@ -30,17 +30,18 @@ step that asks for no draft costs nothing beyond keeping the features).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.heads import (Matmul, depth_first, describe_head, head_option, head_path, open_head,
-                                      positive, sample_reduced)
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
+from specserve.drafters.heads.modules import rotary
+from specserve.drafters.heads.runtime import (depth_first, describe_head, head_option, head_path, open_head,
+                                              positive, sampled_chain)
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
-from specserve.train.heads import rotary
 
 
 class _Seq:
@@ -70,27 +71,36 @@ class _Seq:
             setattr(self, name, grown)
 
 
+@dataclass(frozen=True)
+class EagleOptions:
+    head: str = head_option("eagle")
+    topk: int = option(8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk"))
+    depth: int = option(6, "deepest drafted token", check=positive("eagle", "depth"))
+
+    def __post_init__(self) -> None:
+        positive("eagle", "topk")(self.topk)
+        positive("eagle", "depth")(self.depth)
+
+
 @register("eagle")
 class EagleDrafter(Drafter):
     tree = True
     confidence = True
     max_auto_draft = 24
-    options = (head_option("eagle"),
-               Option("topk", int, 8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk")),
-               Option("depth", int, 6, "deepest drafted token", check=positive("eagle", "depth")))
+    Options = EagleOptions
 
-    def __init__(self, target: Any, head: str = "default", topk: int = 8, depth: int = 6):
+    def __init__(self, target: Any, **options: Any):
+        o = self.opts = self.Options(**options)
         self.target = target
-        self.cfg, module, self.vocab_ids = open_head("eagle", head, target)
-        self.head_dir = str(head_path("eagle", head))
-        self.topk, self.max_tree_depth = topk, depth
+        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target)
+        self.head_dir = str(head_path("eagle", o.head))
+        self.topk, self.max_tree_depth = o.topk, o.depth
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
         self.head = module
-        self.lin = {name: Matmul(getattr(module, name).weight, None, m)
+        self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
                     for name in ("fuse", "fc", "q", "kv", "o", "gate_up", "down")}
-        rows = m.weight_rows("lm_head", self.vocab_ids).cpu()
-        self.lm = Matmul(rows, None, m)
+        self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
         self.vocab_list = self.vocab_ids.tolist()
         self.vocab_size = target.config.vocab_size
         self.seqs: dict[int, _Seq] = {}
@@ -103,13 +113,11 @@ class EagleDrafter(Drafter):
     def describe(self) -> dict:
         return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
 
-    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
-        gen = None
-        if not sampling.greedy:
-            gen = torch.Generator()
-            gen.manual_seed((sampling.seed + 2) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+              generator: torch.Generator | None = None) -> None:
         c = self.cfg
-        self.seqs[seq_id] = _Seq(len(prompt) + 256, c.hidden_size, c.num_kv_heads, c.head_dim, gen)
+        self.seqs[seq_id] = _Seq(len(prompt) + 256, c.hidden_size, c.num_kv_heads, c.head_dim,
+                                 draw_generator(sampling, generator))
 
     def end(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
@@ -231,16 +239,13 @@ class EagleDrafter(Drafter):
         return depth_first(tokens, parents, cum, set(keep))
 
     def _chain(self, s: _Seq, n: int, depth: int, sampling: SamplingParams) -> DraftProposal:
-        """A sampled chain with its q rows (module docstring)."""
-        tokens, probs, conf = [], [], []
-        o, c = s.last, 1.0
-        for d in range(depth):
-            tok, p, q = sample_reduced(self._logits(o[None])[0], self.vocab_ids, self.vocab_size, sampling, s.gen)
-            c *= p
-            tokens.append(tok)
-            probs.append(q)
-            conf.append(c)
-            if d + 1 < depth:
-                # causal over the slots: the real entries, the chain's earlier entries and itself
-                o = self._entries(s, o[None], [tok], torch.tensor([n + d]), s.n_real + d, None)[0]
-        return DraftProposal(tokens, torch.stack(probs), None, conf)
+        """A sampled chain with its q rows (module docstring): depth d + 1's logits come from the entry
+        of depth d's token, causal over the slots (the real entries, the chain's earlier entries, itself)."""
+        out = [s.last]                                        # out[d]: the output depth d + 1 is drawn from
+
+        def logits_at(d: int, drawn: list[int]) -> Tensor:
+            if d > 0:
+                out.append(self._entries(s, out[-1][None], [drawn[-1]], torch.tensor([n + d - 1]),
+                                         s.n_real + d - 1, None)[0])
+            return self._logits(out[-1][None])[0]
+        return sampled_chain(logits_at, depth, self.vocab_ids, self.vocab_size, sampling, s.gen)

@@ -27,31 +27,22 @@ samples from its own processed distribution (exact, like any draft model).
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from specserve.drafters.base import Option
+from specserve.drafters.base import option
+from specserve.drafters.decode import greedy_continuation
 from specserve.drafters.draft_model import DraftModelDrafter
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
+from specserve.models.timing import median_seconds
 
 CALIBRATION_TEXT = ("The history of the bicycle begins in the early nineteenth century. Write a short, clear "
                     "explanation of how a bicycle stays upright while it moves, and then list three tips for "
                     "riding safely in a city.")
-
-
-@torch.inference_mode()
-def _greedy_run(model, prompt: list[int], n: int) -> list[int]:
-    """The target's greedy continuation: prompt + n tokens."""
-    cache = model.new_cache(1, len(prompt) + n + 16)
-    seq = list(prompt)
-    logits = model(torch.tensor([seq], device=model.device), cache, [0], [0], last_only=True).logits[0, -1]
-    for _ in range(n):
-        seq.append(int(logits.argmax()))
-        logits = model(torch.tensor([[seq[-1]]], device=model.device), cache, [0], [len(seq) - 1]).logits[0, 0]
-    return seq
 
 
 @torch.inference_mode()
@@ -66,18 +57,13 @@ def _pass_seconds(model, context: int, tokens: int, reps: int = 3) -> float:
     x = torch.randint(0, model.config.vocab_size, (1, context))
     model(x, cache, [0], [0], last_only=True)
     feed = torch.randint(0, model.config.vocab_size, (1, tokens))
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        model(feed, cache, [0], [context])
-        best = min(best, time.perf_counter() - t)
-    return best
+    return median_seconds(lambda: model(feed, cache, [0], [context]), reps, model.device)
 
 
 def choose_skip(target: LoadedModel, prompt: list[int], calib_tokens: int, max_k: int) -> dict:
     """The calibration of the module docstring; returns the choice and what it measured."""
     model, n_layers = target.model, target.config.num_layers
-    seq = _greedy_run(model, prompt, calib_tokens)
+    seq = prompt + greedy_continuation(model, prompt, calib_tokens)
     gen = slice(len(prompt) - 1, len(seq) - 1)               # positions whose next token was generated
     ref = _predictions(model, seq)[gen]
 
@@ -105,16 +91,25 @@ def choose_skip(target: LoadedModel, prompt: list[int], calib_tokens: int, max_k
     return best
 
 
+@dataclass(frozen=True)
+class LayerSkipOptions:
+    skip: str = option("auto", "'auto' (calibrated at start-up) or comma-separated layer indices to skip")
+    calib_tokens: int = option(48, "tokens the target generates for the calibration")
+
+    def __post_init__(self) -> None:
+        if self.calib_tokens < 8:
+            raise SpecserveError(f"layerskip calib_tokens must be >= 8, got {self.calib_tokens}")
+
+
 @register("layerskip")
 class LayerSkipDrafter(DraftModelDrafter):
     max_auto_draft = 6
-    options = (Option("skip", str, "auto", "'auto' (calibrated at start-up) or comma-separated layer indices to skip"),
-               Option("calib_tokens", int, 48, "tokens the target generates for the calibration"))
+    Options = LayerSkipOptions
 
-    def __init__(self, target: LoadedModel, skip: str = "auto", calib_tokens: int = 48):
+    def __init__(self, target: LoadedModel, **options: Any):
+        o = self.opts = self.Options(**options)
+        skip, calib_tokens = o.skip, o.calib_tokens
         n = target.config.num_layers
-        if calib_tokens < 8:
-            raise SpecserveError(f"layerskip calib_tokens must be >= 8, got {calib_tokens}")
         if skip == "auto":
             if n < 4:
                 raise SpecserveError(f"layerskip needs a target of at least 4 layers to choose from, got {n}")
@@ -135,7 +130,7 @@ class LayerSkipDrafter(DraftModelDrafter):
         keep = [i for i in range(n) if i not in skipped]
         subset = target.model.layer_subset(keep)
         view = LoadedModel(model=subset, config=subset.config, path=target.path, options=target.options)
-        super().__init__(target, view)
+        self._start(target, view)
 
     @staticmethod
     def _calibration_prompt(target: LoadedModel) -> list[int]:

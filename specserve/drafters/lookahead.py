@@ -38,12 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.ngram_tree import Rate, ngram_tree_propose
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
+from specserve.drafters.ngram_tree import ngram_tree_propose
+from specserve.drafters.rate import Rate
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 
 OWN, POOL, WINDOW = 1, 2, 4            # where a node came from (bits: a path can come from several)
+POOL_PRIOR, WINDOW_PRIOR = 0.3, 0.05   # agreement rates of pool and window nodes before any was measured
 
 
 @dataclass
@@ -89,36 +91,48 @@ class _State:
     window: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)   # (level, column) -> path
 
 
+@dataclass(frozen=True)
+class LookaheadOptions:
+    window: int = option(4, "W: window columns (guessed future positions) run per step")
+    ngram: int = option(3, "N: n-gram size (the window keeps N - 1 levels)")
+    guesses: int = option(4, "G: pool n-grams per first token, and verified per step")
+    own_nodes: int = option(8, "nodes from the sequence's own earlier text (ngram-tree); 0: none")
+    window_prior: float = option(0.05, "tokens a window node is worth in later steps, before any was measured")
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.ngram < 2 or self.guesses < 1 or self.own_nodes < 0:
+            raise SpecserveError(f"lookahead needs window >= 1, ngram >= 2, guesses >= 1 and own_nodes >= 0, got "
+                                 f"window={self.window}, ngram={self.ngram}, guesses={self.guesses}, "
+                                 f"own_nodes={self.own_nodes}")
+        if self.window_prior < 0:
+            raise SpecserveError(f"lookahead needs window_prior >= 0, got {self.window_prior}")
+
+    @property
+    def node_budget(self) -> int:
+        """The most nodes a proposal holds: own text, then (pool guesses + window) x (N - 1) levels."""
+        return self.own_nodes + (self.guesses + self.window) * (self.ngram - 1)
+
+
 @register("lookahead")
 class LookaheadDrafter(Drafter):
     tree = True
     confidence = True
     wants_predictions = True
     preload = True
-    max_auto_draft = 24          # the defaults' own_nodes + (guesses + window) x (ngram - 1)
-    options = (Option("window", int, 4, "W: window columns (guessed future positions) run per step"),
-               Option("ngram", int, 3, "N: n-gram size (the window keeps N - 1 levels)"),
-               Option("guesses", int, 4, "G: pool n-grams per first token, and verified per step"),
-               Option("own_nodes", int, 8, "nodes from the sequence's own earlier text (ngram-tree); 0: none"),
-               Option("window_prior", float, 0.05, "tokens a window node is worth in later steps, before any "
-                      "was measured"))
+    Options = LookaheadOptions
+    max_auto_draft = LookaheadOptions().node_budget
 
-    def __init__(self, target: Any = None, window: int = 4, ngram: int = 3, guesses: int = 4, own_nodes: int = 8,
-                 window_prior: float = 0.05):
-        if window < 1 or ngram < 2 or guesses < 1 or own_nodes < 0:
-            raise SpecserveError(f"lookahead needs window >= 1, ngram >= 2, guesses >= 1 and own_nodes >= 0, got "
-                                 f"window={window}, ngram={ngram}, guesses={guesses}, own_nodes={own_nodes}")
-        if window_prior < 0:
-            raise SpecserveError(f"lookahead needs window_prior >= 0, got {window_prior}")
-        self.W, self.N, self.G, self.own_nodes = window, ngram, guesses, own_nodes
+    def __init__(self, target: Any = None, **options: Any):
+        o = self.opts = self.Options(**options)
+        self.W, self.N, self.G, self.own_nodes = o.window, o.ngram, o.guesses, o.own_nodes
         # an instance attribute: the node budget the controller may give grows with the window
-        self.max_auto_draft = own_nodes + (guesses + window) * (ngram - 1)
-        self.pool_rate = [Rate(0.3) for _ in range(ngram - 1)]   # P(pool node agrees | parent), by depth
-        self.window_rate = Rate(0.05)                             # the same for window nodes
-        self.window_value = Rate(window_prior)                    # later tokens per window node run
+        self.max_auto_draft = o.node_budget
+        self.pool_rate = [Rate(POOL_PRIOR) for _ in range(o.ngram - 1)]   # P(pool node agrees | parent), by depth
+        self.window_rate = Rate(WINDOW_PRIOR)                              # the same for window nodes
+        self.window_value = Rate(o.window_prior)                           # later tokens per window node run
         self.states: dict[int, _State] = {}
 
-    def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int) -> None:
+    def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int, generator=None) -> None:
         # level 0 starts as prompt tokens spread over the prompt (the paper: random tokens; a spread
         # keeps a request's proposals independent of its id and batch)
         first = [prompt[(j * len(prompt)) // self.W] for j in range(self.W)] if prompt else [0] * self.W

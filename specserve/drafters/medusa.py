@@ -1,6 +1,6 @@
 """``medusa``: Medusa-1 heads over the target's last hidden state propose a tree of candidates.
 
-Terms as in ``specserve.train.heads``: block j (0-based) reads f^L_t, the target's final normed
+Terms as in ``specserve.drafters.heads.modules``: block j (0-based) reads f^L_t, the target's final normed
 feature at the newest position whose features are known (t = n - 1 for pending token x_n), and
 predicts x_{t+2+j}, i.e. the token at depth j + 1 of the draft.  The heads share the target's
 LM-head rows over the reduced vocabulary.
@@ -16,16 +16,26 @@ compute, so rejection sampling against it is exact.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.heads import (Matmul, depth_first, describe_head, head_option, head_path, open_head,
-                                      positive, sample_reduced)
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
+from specserve.drafters.heads.runtime import (depth_first, describe_head, head_option, head_path, open_head,
+                                              positive, sampled_chain)
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    head: str = head_option("medusa")
+    topk: int = option(4, "candidate tokens per depth", check=positive("medusa", "topk"))
+
+    def __post_init__(self) -> None:
+        positive("medusa", "topk")(self.topk)
 
 
 @register("medusa")
@@ -33,17 +43,17 @@ class MedusaDrafter(Drafter):
     tree = True
     confidence = True
     max_auto_draft = 16
-    options = (head_option("medusa"),
-               Option("topk", int, 4, "candidate tokens per depth", check=positive("medusa", "topk")))
+    Options = MedusaOptions
 
-    def __init__(self, target: Any, head: str = "default", topk: int = 4):
-        self.cfg, module, vocab_ids = open_head("medusa", head, target)
-        self.head_dir = str(head_path("medusa", head))
-        self.topk = topk
+    def __init__(self, target: Any, **options: Any):
+        o = self.opts = self.Options(**options)
+        self.cfg, module, vocab_ids = open_head("medusa", o.head, target)
+        self.head_dir = str(head_path("medusa", o.head))
+        self.topk = o.topk
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
-        self.blocks = [(Matmul(b.weight, b.bias, m)) for b in module.blocks]
-        self.lm = Matmul(m.weight_rows("lm_head", vocab_ids).cpu(), None, m)
+        self.blocks = [m.matmul(b.weight, b.bias) for b in module.blocks]          # on the target's kernels
+        self.lm = m.matmul(m.weight_rows("lm_head", vocab_ids).cpu())         # the reduced LM head [Vr, hidden]
         self.vocab_ids, self.vocab_list = vocab_ids, vocab_ids.tolist()
         self.vocab_size = target.config.vocab_size
         self.last: dict[int, Tensor] = {}
@@ -52,11 +62,11 @@ class MedusaDrafter(Drafter):
     def describe(self) -> dict:
         return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
 
-    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
-        if not sampling.greedy:
-            g = torch.Generator()
-            g.manual_seed((sampling.seed + 3) if sampling.seed is not None else int(torch.randint(2**62, (1,))))
-            self.gen[seq_id] = g
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+              generator: torch.Generator | None = None) -> None:
+        gen = draw_generator(sampling, generator)
+        if gen is not None:
+            self.gen[seq_id] = gen
 
     def end(self, seq_id: int) -> None:
         self.last.pop(seq_id, None)
@@ -85,7 +95,9 @@ class MedusaDrafter(Drafter):
             elif r.sampling.greedy:
                 out.append(self._tree(self._logits(f, depth).log_softmax(-1), r.k))
             else:
-                out.append(self._chain(self._logits(f, depth), r.sampling, self.gen[r.seq_id]))
+                logits = self._logits(f, depth)                   # [depth, Vr]: the heads see no drafted token
+                out.append(sampled_chain(lambda d, drawn: logits[d], depth, self.vocab_ids, self.vocab_size,
+                                         r.sampling, self.gen[r.seq_id]))
         return out
 
     def _tree(self, logp: Tensor, budget: int) -> DraftProposal:
@@ -106,13 +118,3 @@ class MedusaDrafter(Drafter):
                 for c2 in range(len(vals[d + 1])):
                     heapq.heappush(heap, (neg - vals[d + 1][c2], me, d + 1, c2))
         return depth_first(tokens, parents, score, set(range(len(tokens))))
-
-    def _chain(self, logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
-        tokens, probs, conf, c = [], [], [], 1.0
-        for row in logits:
-            tok, p, q = sample_reduced(row, self.vocab_ids, self.vocab_size, sampling, gen)
-            c *= p
-            tokens.append(tok)
-            probs.append(q)
-            conf.append(c)
-        return DraftProposal(tokens, torch.stack(probs), None, conf)

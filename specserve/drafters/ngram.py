@@ -1,28 +1,23 @@
 """``ngram``: prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
 Find the most recent earlier occurrence of the sequence's last n tokens (n from ``max_n`` down to
-``min_n``) in the prompt and generated text, and propose the tokens that followed it.
+``min_n``) in the prompt and generated text, and propose the tokens that followed it.  The d-th
+token's confidence: every copy up to it right, each copy as reliable as its match is long (the
+match grows by one with every right copy), on the reliability curve fitted for the trie drafters
+(``specserve.drafters.trie.reliability``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, option
 from specserve.drafters.registry import register
+from specserve.drafters.trie import DEFAULT, reliability
 from specserve.errors import SpecserveError
-
-# the reliability curve fitted for ngram-tree (probability that a copied token is right after an
-# m-token match: 1 - (1 - BASE) * GROWTH ** (m - 1))
-BASE, GROWTH = 0.3, 0.8
-
-
-def reliability(m: np.ndarray | int, base: float, growth: float) -> np.ndarray | float:
-    """Probability that a copied token is right when the text before it matches over m tokens:
-    ``1 - (1 - base) * growth ** (m - 1)``, rising from ``base`` at m = 1 towards 1."""
-    return 1.0 - (1.0 - base) * growth ** (np.asarray(m) - 1)
 
 
 def ngram_match(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[list[int], int]:
@@ -44,9 +39,15 @@ def ngram_match(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[lis
     return [], 0
 
 
-def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
-    """The tokens of ``ngram_match``."""
-    return ngram_match(tokens, min_n, max_n, k)[0]
+@dataclass(frozen=True)
+class NgramOptions:
+    min_n: int = option(1, "shortest suffix to look up")
+    max_n: int = option(4, "longest suffix to look up (tried first)")
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_n, int) and isinstance(self.max_n, int)) or self.min_n < 1 \
+                or self.max_n < self.min_n:
+            raise SpecserveError(f"ngram needs 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
 
 
 @register("ngram")
@@ -54,21 +55,17 @@ class NgramDrafter(Drafter):
     max_auto_draft = 8
     confidence = True
     preload = True
-    options = (Option("min_n", int, 1, "shortest suffix to look up"),
-               Option("max_n", int, 4, "longest suffix to look up (tried first)"))
+    Options = NgramOptions
 
-    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 4):
-        if not (isinstance(min_n, int) and isinstance(max_n, int)) or min_n < 1 or max_n < min_n:
-            raise SpecserveError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, target: Any = None, **options: Any):
+        self.opts = self.Options(**options)
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         out = []
         for r in requests:
-            tokens, n = ngram_match(np.asarray(r.tokens, dtype=np.int64), self.min_n, self.max_n, min(r.k, r.max_depth)) \
-                if r.k > 0 else ([], 0)
-            # confidence of the d-th token: every copy up to it right, each copy as reliable as its
-            # match is long (the match grows by one with every right copy; see ngram_tree)
-            conf = np.cumprod(reliability(np.arange(n, n + len(tokens)), BASE, GROWTH)).tolist() if tokens else None
+            tokens, n = ngram_match(np.asarray(r.tokens, dtype=np.int64), self.opts.min_n, self.opts.max_n,
+                                    min(r.k, r.max_depth)) if r.k > 0 else ([], 0)
+            conf = np.cumprod(reliability(np.arange(n, n + len(tokens)), DEFAULT.base, DEFAULT.growth)).tolist() \
+                if tokens else None
             out.append(DraftProposal(tokens, confidence=conf))
         return out

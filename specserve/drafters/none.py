@@ -13,8 +13,8 @@ class NoDrafter(Drafter):
     max_auto_draft = 0
     preload = True
 
-    def __init__(self, target: Any = None):
-        pass
+    def __init__(self, target: Any = None, **options: Any):
+        self.opts = self.Options(**options)
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         return [DraftProposal([]) for _ in requests]

@@ -9,40 +9,38 @@ under sampling the target's next token is random and cannot be known in advance.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from dataclasses import dataclass
+from typing import Any
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Option
+import numpy as np
+
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, option
+from specserve.drafters.decode import greedy_continuation
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
 from specserve.sampling import SamplingParams
 
 
-def greedy_continuation(target: LoadedModel, prompt: list[int], n: int) -> list[int]:
-    """The target's plain greedy continuation of ``prompt``: n tokens, one pass each."""
-    model = target.model
-    cache = model.new_cache(1, len(prompt) + n + 1)
-    logits = model(torch.tensor([prompt], device=model.device), cache, [0], [0], last_only=True).logits
-    out = [int(logits[0, -1].argmax())]
-    while len(out) < n:
-        pos = len(prompt) + len(out) - 1
-        logits = model(torch.tensor([[out[-1]]], device=model.device), cache, [0], [pos]).logits
-        out.append(int(logits[0, -1].argmax()))
-    return out
+@dataclass(frozen=True)
+class OracleOptions:
+    alpha: float = option(0.8, "probability of proposing the target's own next token")
+    seed: int = option(0, "seed of the right/wrong draws")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha <= 1:
+            raise SpecserveError(f"oracle alpha must be in [0, 1], got {self.alpha}")
 
 
 @register("oracle")
 class OracleDrafter(Drafter):
     synthetic = True
     max_auto_draft = 8
-    options = (Option("alpha", float, 0.8, "probability of proposing the target's own next token"),
-               Option("seed", int, 0, "seed of the right/wrong draws"))
+    Options = OracleOptions
 
-    def __init__(self, target: LoadedModel, alpha: float = 0.8, seed: int = 0):
-        if not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-            raise SpecserveError(f"oracle alpha must be in [0, 1], got {alpha}")
-        self.target, self.alpha, self.seed = target, float(alpha), int(seed)
+    def __init__(self, target: LoadedModel, **options: Any):
+        o = self.opts = self.Options(**options)
+        self.target, self.alpha, self.seed = target, float(o.alpha), int(o.seed)
         self.vocab = target.config.vocab_size
         self.known: dict[tuple[int, ...], list[int]] = {}   # prompt -> greedy continuation
         self.state: dict[int, tuple[int, list[int], np.random.Generator]] = {}
@@ -52,10 +50,12 @@ class OracleDrafter(Drafter):
             raise SpecserveError("the oracle drafter is defined for greedy decoding only (temperature 0): "
                                  "under sampling the target's next token is not known in advance", "temperature")
 
-    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int) -> None:
+    def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+              generator=None) -> None:
+        # the right/wrong draws are the study's own (``seed``), not the request's: greedy only
         key = tuple(prompt)
         if len(self.known.get(key, ())) < max_new_tokens:
-            self.known[key] = greedy_continuation(self.target, prompt, max_new_tokens)
+            self.known[key] = greedy_continuation(self.target.model, prompt, max_new_tokens)
         rng = np.random.default_rng([self.seed, hash(key) & 0xFFFFFFFF])
         self.state[seq_id] = (len(prompt), self.known[key], rng)
 

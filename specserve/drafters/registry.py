@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specserve.control.controller import AUTO
 from specserve.drafters.base import Drafter, Option
 from specserve.errors import SpecserveError
 
 _REGISTRY: dict[str, type[Drafter]] = {}
-AUTO = "auto"
 
 
 def parse_num_draft(value, what: str = "num_draft") -> int | str:

@@ -10,16 +10,13 @@ Terms.  The **corpus** is every finished request's text (prompt + generated toke
 oldest texts are dropped (first in, first out).  A **match** is an earlier position whose preceding
 tokens equal the current sequence's last m tokens (``min_n <= m <= max_n``), in the corpus or in the
 current sequence itself.  A corpus match must span at least ``ANCHOR`` (3) tokens: shorter ones
-hit unrelated texts everywhere and would drown the current text's own matches (measured on
-Spec-Bench: with 1-token corpus matches the drafter was shut off by the controller 97% of the
-time).  The index keys each corpus position by the three tokens before it, keeping the
+hit unrelated texts everywhere and would drown the current text's own matches (and get the whole
+drafter switched off by the controller).  The index keys each corpus position by the three tokens before it, keeping the
 ``per_key`` most recent positions per key, and a match's length is then counted back from
 there, so a lookup costs O(candidates x max_n), not O(corpus).
 
-Two tries are built, as ``ngram-tree`` builds one: from the current text's own matches, and from
-the corpus's.  In each, the ``max_matches`` longest (then most recent) matches add what followed
-them; a node's estimate is its parent's, times its share of the continuations leaving the parent
-(frequency), times the reliability of a copy after a match of its length (``ngram.reliability``).
+Two tries are built, as ``ngram-tree`` builds one (``specserve.drafters.trie``: the terms, the
+weights and the scores): from the current text's own matches, and from the corpus's.
 The corpus trie holds at most ``size_factor`` x its longest match length nodes (a long, frequent
 match earns a big tree).  Each source's estimates are then **calibrated**: multiplied by the
 tokens its proposals had accepted per unit of estimate (measured per sequence, decayed, starting
@@ -37,18 +34,19 @@ thread, ``warm`` and the server's start-up from another.
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, Option
-from specserve.drafters.ngram_tree import Rate, Trie, best_first, check_trie_options, find_matches, trie_options
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
+from specserve.drafters.rate import Rate
 from specserve.drafters.registry import register
+from specserve.drafters.trie import TrieOptions, own_matches, trie_proposal
 from specserve.errors import SpecserveError
 
 ANCHOR = 3                  # the key: the three tokens before a position; the shortest corpus match
@@ -103,45 +101,47 @@ class SuffixIndex:
         return out
 
 
+@dataclass(frozen=True)
+class SuffixOptions(TrieOptions):
+    """The trie drafters' options (some defaults of its own) and the corpus's."""
+    drafter: ClassVar[str] = "suffix"
+    max_n: int = option(16, "longest match counted (longer matches are trusted more)")
+    max_matches: int = option(32, "matches merged into the trie")
+    max_depth: int = option(16, "longest path proposed")
+    recency: float = option(0.9, "the j-th most recent match of a length weighs recency ** j")
+    size_factor: float = option(2.0, "at most this many nodes per token of the longest match")
+    max_tokens: int = option(500_000, "corpus size bound in tokens (oldest texts dropped first)")
+    per_key: int = option(256, "most recent corpus positions kept per 3-token key")
+    warm: str = option("", "a JSONL file of earlier text to start from: lines with 'text', 'prompt' and "
+                           "'output', or 'tokens' (token ids)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.per_key < 1 or self.max_tokens < 2:
+            raise SpecserveError("suffix needs per_key >= 1 and max_tokens >= 2")
+        if self.size_factor <= 0:
+            raise SpecserveError(f"suffix needs size_factor > 0, got {self.size_factor}")
+
+
 @register("suffix")
 class SuffixDrafter(Drafter):
     tree = True
     confidence = True
     preload = True
     max_auto_draft = 16
-    options = (Option("min_n", int, 1, "shortest match used"),
-               Option("max_n", int, 16, "longest match counted (longer matches are trusted more)"),
-               Option("max_matches", int, 32, "matches merged into the trie"),
-               Option("max_depth", int, 16, "longest path proposed"),
-               Option("size_factor", float, 2.0, "at most this many nodes per token of the longest match"),
-               Option("max_tokens", int, 500_000, "corpus size bound in tokens (oldest texts dropped first)"),
-               Option("per_key", int, 256, "most recent corpus positions kept per 3-token key"),
-               Option("warm", str, "", "a JSONL file of earlier text to start from: lines with 'text', "
-                      "'prompt' and 'output', or 'tokens' (token ids)"),
-               *trie_options(recency=0.9))
+    Options = SuffixOptions
 
-    def __init__(self, target: Any = None, min_n: int = 1, max_n: int = 16, max_matches: int = 32,
-                 max_depth: int = 16, size_factor: float = 2.0, max_tokens: int = 500_000, per_key: int = 256,
-                 length_weight: float = 4.0, recency: float = 0.9, base: float = 0.3, growth: float = 0.8,
-                 min_score: float = 0.05, warm: str = ""):
-        if min_n < 1 or max_n < min_n or max_matches < 1 or max_depth < 1 or per_key < 1 or max_tokens < 2:
-            raise SpecserveError("suffix needs 1 <= min_n <= max_n, and max_matches, max_depth, per_key >= 1, "
-                                 "max_tokens >= 2")
-        if size_factor <= 0:
-            raise SpecserveError(f"suffix needs size_factor > 0, got {size_factor}")
-        check_trie_options("suffix", length_weight, recency, base, growth, min_score)
-        self.min_n, self.max_n, self.max_matches, self.max_depth = min_n, max_n, max_matches, max_depth
-        self.size_factor, self.length_weight, self.recency = size_factor, length_weight, recency
-        self.base, self.growth, self.min_score = base, growth, min_score
-        self.index = SuffixIndex(max_tokens, per_key)
+    def __init__(self, target: Any = None, **options: Any):
+        self.opts = o = self.Options(**options)
+        self.index = SuffixIndex(o.max_tokens, o.per_key)
         self.live: dict[int, list[int]] = {}
         # accepted tokens per unit of trie estimate, per source: the drafter's recent history (the prior
         # of a new sequence) and each sequence's own; what the last proposal of a sequence came from
         self.history = {"own": Rate(1.0, weight=4.0, decay=0.99), "corpus": Rate(1.0, weight=4.0, decay=0.99)}
         self.calib: dict[int, dict[str, Rate]] = {}
         self.last: dict[int, str] = {}
-        if warm:
-            self.warm(warm, target)
+        if o.warm:
+            self.warm(o.warm, target)
 
     # ------------------------------------------------------------------ the corpus
     def warm(self, path: str, target: Any) -> int:
@@ -174,7 +174,7 @@ class SuffixDrafter(Drafter):
             n += 1
         return n
 
-    def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int) -> None:
+    def begin(self, seq_id: int, prompt: list[int], sampling, max_new_tokens: int, generator=None) -> None:
         self.live[seq_id] = prompt
         # each source's calibration starts from the drafter's recent history
         self.calib[seq_id] = {src: Rate(r.value, weight=4.0, decay=0.95) for src, r in self.history.items()}
@@ -195,8 +195,8 @@ class SuffixDrafter(Drafter):
         out = []
         for r in requests:
             self.live[r.seq_id] = r.tokens            # the engine's own list: the whole text at the end
-            out.append(self.propose_one(np.asarray(r.tokens, dtype=np.int64), r.k, min(self.max_depth, r.max_depth),
-                                        r.seq_id))
+            out.append(self.propose_one(np.asarray(r.tokens, dtype=np.int64), r.k,
+                                        min(self.opts.max_depth, r.max_depth), r.seq_id))
         return out
 
     def propose_one(self, tokens: np.ndarray, k: int, depth: int, seq_id: int | None = None) -> DraftProposal:
@@ -209,10 +209,9 @@ class SuffixDrafter(Drafter):
         self.last.pop(seq_id, None)
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
-        own = tokens[-4096:]
-        ends, lengths = find_matches(own, self.min_n, self.max_n)
-        mine = [(own[e:e + depth], int(m)) for e, m in zip(ends[::-1].tolist(), lengths[::-1].tolist())]
-        corpus = [(c, m) for c, m, _ in self.index.matches(tokens, self.min_n, self.max_n, depth)]
+        o = self.opts
+        mine = own_matches(tokens[-4096:], o.min_n, o.max_n, depth)
+        corpus = [(c, m) for c, m, _ in self.index.matches(tokens, o.min_n, o.max_n, depth)]
         calib = self.calib.get(seq_id, self.history)
         best, best_src, best_sum = DraftProposal([]), "own", 0.0
         for src, found in (("own", mine), ("corpus", corpus)):
@@ -235,15 +234,8 @@ class SuffixDrafter(Drafter):
             rate.add(len(fb.accepted), predicted)
 
     def _trie_proposal(self, found: list[tuple[np.ndarray, int]], k: int, capped: bool) -> DraftProposal:
-        """Matches (continuation, length), most recent first, merged into a trie (longest first)."""
-        found = sorted(found, key=lambda x: -x[1])[:self.max_matches]    # stable: recency kept within a length
-        if not found:
-            return DraftProposal([])
-        rank: dict[int, int] = collections.Counter()
-        trie = Trie()
-        for cont, m in found:
-            if len(cont):
-                trie.add(cont.tolist(), self.length_weight ** m * self.recency ** rank[m], m)
-            rank[m] += 1
-        budget = min(k, max(1, math.ceil(self.size_factor * found[0][1]))) if capped else k
-        return best_first(trie, trie.scores(self.base, self.growth), budget, self.min_score)
+        """Matches (continuation, length), most recent first, merged into a trie (``trie.merge``); the
+        corpus's trie (``capped``) holds at most ``size_factor`` nodes per token of its longest match."""
+        if capped and found:
+            k = min(k, max(1, math.ceil(self.opts.size_factor * max(m for _, m in found))))
+        return trie_proposal(found, k, self.opts)

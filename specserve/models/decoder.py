@@ -29,6 +29,7 @@ accepted path's entries together (``KVCache.compact``), is the engine's business
 
 ``logits_for`` (ragged passes) names the flat token indices whose logits are wanted: logits come
 back ``[len(logits_for), V]`` in that order, and a prompt chunk's rows cost no LM head.
+``last_only`` (``[B, T]`` passes) asks for each row's last token only: logits ``[B, 1, V]``.
 
 ``features`` asks for hidden states: layer i < L means the input of decoder layer i (the output of
 layer i - 1; 0 is the embedding), ``L = num_layers`` the final normed output.  They come back for
@@ -101,10 +102,22 @@ class Decoder(Protocol):
 
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
-                features: tuple[int, ...] = ()) -> ForwardOutput:
-        """One pass, laid out as the module docstring says (``lengths``: a ragged pass)."""
+                features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
+        """One pass, laid out as the module docstring says.  tokens [B, T] (or [N] with ``lengths``
+        [B]: a ragged pass); rows, start [B]; parents shaped as tokens (None: chains).  Returns
+        logits [B, T, V] ([B, 1, V] with ``last_only``; ragged: [N, V], or [len(logits_for), V])
+        and ``features[layer]`` [B, T, hidden] (ragged: [N, hidden]).  Refuses ``last_only`` on a
+        ragged pass and ``logits_for`` on a [B, T] one."""
 
-    def __call__(self, *args, **kwargs) -> ForwardOutput: ...
+    def __call__(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
+                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
+                 features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
+        """``forward`` (an ``nn.Module`` call)."""
+
+    def matmul(self, weight: Tensor, bias: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """y = x W^T (+ b) on this runtime's own kernels, for a learned drafter's head: weight
+        [out, in] and bias [out] are converted once, here; the function maps x [M, in] to
+        float32 [M, out] on the CPU (heads run there whatever the model's device)."""
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decoding pass reads, as this runtime stores them."""
@@ -160,6 +173,22 @@ def ancestor_mask(parents: Tensor) -> Tensor:
         p = par[:, t]
         anc[:, t] |= anc[rows, np.maximum(p, 0)] & (p >= 0)[:, None]
     return torch.from_numpy(anc).to(parents.device)
+
+
+def logit_rows(lengths: list[int] | None, last_only: bool, logits_for: list[int] | None) -> list[int] | None:
+    """The flat token indices a ragged pass (``lengths`` [B]) returns logits for: ``logits_for``,
+    checked to lie in [0, N), or None for every token.  A [B, T] pass (``lengths`` None) takes no
+    ``logits_for`` and returns None; a ragged one takes no ``last_only``."""
+    if lengths is None:
+        if logits_for is not None:
+            raise ValueError("logits_for is for ragged passes")
+        return None
+    if last_only:
+        raise ValueError("last_only is for [B, T] passes")
+    n = sum(lengths)
+    if logits_for is not None and len(logits_for) and not 0 <= min(logits_for) <= max(logits_for) < n:
+        raise ValueError(f"logits_for indices must be in [0, {n})")
+    return logits_for
 
 
 def check_parents(parents: Tensor, t_len: int) -> None:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
-
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import (ForwardOutput, Layout, PartTimer, ancestor_mask, check_parents,
-                                      tree_depths)
+                                      logit_rows, tree_depths)
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS, Linear, RMSNorm, apply_rope,
                                      invariant_attention, invariant_attention_bias, rope_tables_by_base,
@@ -236,6 +236,16 @@ class Transformer(nn.Module):
         view.config = dataclasses.replace(self.config, num_layers=len(keep))
         return view
 
+    def matmul(self, weight: Tensor, bias: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """y = x W^T (+ b) in float32 torch on the CPU (see the protocol): weight [out, in], bias [out]."""
+        w = weight.detach().to("cpu", torch.float32)
+        b = bias.detach().to("cpu", torch.float32) if bias is not None else None
+
+        def apply(x: Tensor) -> Tensor:
+            y = x.to("cpu", torch.float32) @ w.T                                 # [M, out]
+            return y + b if b is not None else y
+        return apply
+
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
@@ -244,17 +254,21 @@ class Transformer(nn.Module):
         longest sequence (pads continue a chain or are roots of their own; their cache writes land
         past the sequence and are dead), and its outputs are returned flat; a sequence longer than
         ``SOLO_TOKENS`` (a prompt chunk) runs as a pass of its own, so nothing is padded to it."""
+        pick = logit_rows(lengths, last_only, logits_for)
         if lengths is None:
-            if logits_for is not None:
-                raise ValueError("logits_for is for ragged passes")
             return self._forward(tokens, cache, rows, start, parents, last_only, features)
-        if last_only:
-            raise ValueError("last_only is for [B, T] passes")
         lay = Layout.of(tokens, lengths, parents)
-        if logits_for is not None and len(logits_for) and not 0 <= min(logits_for) <= max(logits_for) < len(tokens):
-            raise ValueError(f"logits_for indices must be in [0, {len(tokens)})")
-        groups = [[b] for b, n in enumerate(lengths) if n > SOLO_TOKENS]
-        rest = [b for b, n in enumerate(lengths) if n <= SOLO_TOKENS]
+        hidden, feats = self._ragged_hidden(tokens, lay, cache, rows, start, features)
+        if pick is not None:
+            hidden = hidden[torch.as_tensor(pick, dtype=torch.long, device=hidden.device)]
+        return ForwardOutput(self.lm_head(hidden.to(self.dtype)).float(), feats)
+
+    def _ragged_hidden(self, tokens: Tensor, lay: Layout, cache: KVCache, rows: list[int], start: list[int],
+                       features: tuple[int, ...]) -> tuple[Tensor, dict[int, Tensor]]:
+        """A ragged pass's final normed hidden states [N, hidden] and features [N, hidden], run as
+        padded groups: each sequence longer than ``SOLO_TOKENS`` alone, the others together."""
+        groups = [[b] for b, n in enumerate(lay.lengths) if n > SOLO_TOKENS]
+        rest = [b for b, n in enumerate(lay.lengths) if n <= SOLO_TOKENS]
         groups += [rest] if rest else []
         hidden = torch.empty(len(tokens), self.config.hidden_size, device=tokens.device)
         feats: dict[int, Tensor] = {}
@@ -264,9 +278,7 @@ class Transformer(nn.Module):
             for k, v in out.features.items():
                 f = feats.setdefault(k, torch.empty(len(tokens), v.shape[-1], dtype=v.dtype, device=v.device))
                 f[flat] = v.reshape(-1, v.shape[-1])[dense]
-        if logits_for is not None:
-            hidden = hidden[torch.as_tensor(logits_for, dtype=torch.long, device=hidden.device)]
-        return ForwardOutput(self.lm_head(hidden.to(self.dtype)).float(), feats)
+        return hidden, feats
 
     def _padded(self, tokens: Tensor, lay: Layout, group: list[int], cache: KVCache, rows: list[int],
                 start: list[int], features: tuple[int, ...]) -> tuple[Tensor, Tensor, ForwardOutput]:
@@ -289,18 +301,35 @@ class Transformer(nn.Module):
                             head=False)
         return flat, dense, out
 
-    @staticmethod
-    def _key_positions(start: Tensor, depth: Tensor, s_used: int, t: int) -> Tensor:
-        """[B, S] rotary position of each key slot: the slot for the cached prefix, start + depth for
-        the pass's own tokens (a tree's nodes sit at their depth)."""
-        slots = torch.arange(s_used, device=start.device)[None].expand(len(start), s_used)
-        rel = slots - start[:, None]
-        inside = (rel >= 0) & (rel < t)
-        return torch.where(inside, start[:, None] + depth.gather(1, rel.clamp(0, t - 1)), slots)
-
     def _forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], parents: Tensor | None,
                  last_only: bool, features: tuple[int, ...], head: bool = True) -> ForwardOutput:
         """A [B, T] pass; without ``head``, ``logits`` holds the final normed hidden states instead."""
+        steps = self._steps(tokens, cache, rows, start, parents)
+        x, feats = self._run_layers(tokens, steps, cache, features)
+        if last_only:
+            x = x[:, -1:]
+        return ForwardOutput(logits=self.lm_head(x).float() if head else x, features=feats)
+
+    def _run_layers(self, tokens: Tensor, steps: dict[tuple[int, float], _Step], cache: KVCache,
+                    features: tuple[int, ...]) -> tuple[Tensor, dict[int, Tensor]]:
+        """Embedding -> every layer -> final norm: the normed hidden states [B, T, hidden] and the
+        features asked for (layer i: layer i's input; num_layers: the normed output)."""
+        x = self.embed[tokens]                                                  # [B, T, hidden]
+        if self.config.embed_scale != 1.0:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        feats: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in features:
+                feats[i] = x
+            x = layer(x, steps[(layer.window, layer.theta)], cache.k[i], cache.v[i])
+        x = self.norm(x)
+        if self.config.num_layers in features:
+            feats[self.config.num_layers] = x
+        return x, feats
+
+    def _steps(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int],
+               parents: Tensor | None) -> dict[tuple[int, float], _Step]:
+        """What the layers of a [B, T] pass share, one ``_Step`` per (window, rotary base) they use."""
         bsz, t = tokens.shape
         dev = tokens.device
         start_t = torch.tensor(start, dtype=torch.long, device=dev)
@@ -314,32 +343,12 @@ class Transformer(nn.Module):
         s_used = max(start) + t
         if s_used > cache.capacity:
             raise ValueError(f"positions up to {s_used} exceed cache capacity {cache.capacity}")
-        mask = bias = virtual = None
-        groups = self.config.num_heads // self.config.num_kv_heads
-        if self.attention == "invariant" and parents is None and t <= QUERY_BLOCK:
-            s_used = -(-s_used // KEY_BLOCK) * KEY_BLOCK
-            q_pos = start_t[:, None] + torch.arange(QUERY_BLOCK, device=dev)[None]
-            bias = invariant_attention_bias(q_pos, groups, s_used, self.dtype)
-        elif self.attention == "invariant" and t <= VIRTUAL_MAX_TOKENS:
-            virtual = virtual_key_slots(start_t, parents, depth)
-            q_pos = positions.reshape(-1, 1).expand(-1, QUERY_BLOCK)
-            bias = invariant_attention_bias(q_pos, groups, virtual.shape[-1], self.dtype)
-        else:
-            keys = torch.arange(s_used, device=dev)
-            if parents is None:
-                mask = keys[None, None, :] <= positions[:, :, None]                 # causal
-            else:
-                rel = keys[None, :] - start_t[:, None]                             # [B, S] slot - start
-                in_pass = (rel >= 0) & (rel < t)
-                anc = ancestor_mask(parents)                                       # [B, T, T]
-                tree = anc.gather(2, rel.clamp(0, t - 1)[:, None, :].expand(bsz, t, s_used))
-                mask = (rel < 0)[:, None, :] | (in_pass[:, None, :] & tree)
-            mask = mask[:, None]
+        s_used, mask, bias, virtual = self._attention_inputs(start_t, parents, depth, positions, s_used)
         lo = rows[0]
         contiguous = rows == list(range(lo, lo + bsz))
         row_sel = slice(lo, lo + bsz) if contiguous else torch.tensor(rows, device=dev)
         steps: dict[tuple[int, float], _Step] = {}
-        for layer in self.layers:                  # one step per (window, rotary base) the layers use
+        for layer in self.layers:
             key = (layer.window, layer.theta)
             if key not in steps:
                 cos, sin = self.rope[layer.theta]
@@ -349,18 +358,40 @@ class Transformer(nn.Module):
                                 > positions[:, None, :, None] - layer.window)
                 steps[key] = _Step(row_sel, slots, s_used, cos.to(dev)[positions].unsqueeze(1),
                                    sin.to(dev)[positions].unsqueeze(1), m, bias, virtual)
+        return steps
 
-        x = self.embed[tokens]                                                  # [B, T, hidden]
-        if self.config.embed_scale != 1.0:
-            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
-        feats: dict[int, Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            if i in features:
-                feats[i] = x
-            x = layer(x, steps[(layer.window, layer.theta)], cache.k[i], cache.v[i])
-        x = self.norm(x)
-        if self.config.num_layers in features:
-            feats[self.config.num_layers] = x
-        if last_only:
-            x = x[:, -1:]
-        return ForwardOutput(logits=self.lm_head(x).float() if head else x, features=feats)
+    def _attention_inputs(self, start_t: Tensor, parents: Tensor | None, depth: Tensor, positions: Tensor,
+                          s_used: int) -> tuple[int, Tensor | None, Tensor | None, Tensor | None]:
+        """(keys attended over, sdpa mask [B, 1, T, S], invariant bias, virtual key slots [B, T, S'])
+        for the attention path this pass takes; the unused ones are None.  start_t [B]; depth and
+        positions [B, T]."""
+        bsz, t = depth.shape
+        dev = start_t.device
+        groups = self.config.num_heads // self.config.num_kv_heads
+        if self.attention == "invariant" and parents is None and t <= QUERY_BLOCK:
+            s_used = -(-s_used // KEY_BLOCK) * KEY_BLOCK
+            q_pos = start_t[:, None] + torch.arange(QUERY_BLOCK, device=dev)[None]
+            return s_used, None, invariant_attention_bias(q_pos, groups, s_used, self.dtype), None
+        if self.attention == "invariant" and t <= VIRTUAL_MAX_TOKENS:
+            virtual = virtual_key_slots(start_t, parents, depth)
+            q_pos = positions.reshape(-1, 1).expand(-1, QUERY_BLOCK)
+            return s_used, None, invariant_attention_bias(q_pos, groups, virtual.shape[-1], self.dtype), virtual
+        keys = torch.arange(s_used, device=dev)
+        if parents is None:
+            mask = keys[None, None, :] <= positions[:, :, None]                 # causal
+        else:
+            rel = keys[None, :] - start_t[:, None]                             # [B, S] slot - start
+            in_pass = (rel >= 0) & (rel < t)
+            anc = ancestor_mask(parents)                                       # [B, T, T]
+            tree = anc.gather(2, rel.clamp(0, t - 1)[:, None, :].expand(bsz, t, s_used))
+            mask = (rel < 0)[:, None, :] | (in_pass[:, None, :] & tree)
+        return s_used, mask[:, None], None, None
+
+    @staticmethod
+    def _key_positions(start: Tensor, depth: Tensor, s_used: int, t: int) -> Tensor:
+        """[B, S] rotary position of each key slot: the slot for the cached prefix, start + depth for
+        the pass's own tokens (a tree's nodes sit at their depth)."""
+        slots = torch.arange(s_used, device=start.device)[None].expand(len(start), s_used)
+        rel = slots - start[:, None]
+        inside = (rel >= 0) & (rel < t)
+        return torch.where(inside, start[:, None] + depth.gather(1, rel.clamp(0, t - 1)), slots)

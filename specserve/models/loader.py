@@ -19,9 +19,9 @@ from specserve.errors import SpecserveError
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import Decoder
 from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
-from specserve.models import native as native_fmt
 from specserve.models.llama import Transformer
-from specserve.models.native import NativeWeight
+from specserve.models.native import (F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, NativeWeight,
+                                     unavailable_reason)
 from specserve.models.native.model import NativeTransformer
 from specserve.models.native.packed import ACTIVATIONS
 
@@ -58,8 +58,6 @@ class RuntimeOptions:
 
     def resolve(self) -> "RuntimeOptions":
         """Fill in ``auto`` and refuse impossible combinations, with the reason."""
-        from specserve.models import native
-
         if self.dtype not in DTYPES:
             raise SpecserveError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -71,7 +69,7 @@ class RuntimeOptions:
             raise SpecserveError(f"unknown activations {self.activations!r}; choose from {', '.join(ACTIVATIONS)}")
         on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
         if kernels == "auto":
-            if on_cpu_fp32 and attention in ("auto", "native") and native.unavailable_reason() is None:
+            if on_cpu_fp32 and attention in ("auto", "native") and unavailable_reason() is None:
                 kernels = "native"
             else:
                 kernels = "fbgemm" if on_cpu_fp32 and fbgemm_available() else "torch"
@@ -80,7 +78,7 @@ class RuntimeOptions:
         if kernels == "native":
             if not on_cpu_fp32:
                 raise SpecserveError("kernels=native needs device=cpu and dtype=float32 (fp32 activations)")
-            reason = native.unavailable_reason()
+            reason = unavailable_reason()
             if reason:
                 raise SpecserveError(f"kernels=native is unavailable: {reason}")
             if attention not in ("auto", "native"):
@@ -231,6 +229,10 @@ _GGUF_NAMES = {
 }
 
 
+_GGUF_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                      "output.weight": "lm_head.weight"}
+
+
 def _gguf_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> Hugging Face halves)."""
     rows = w.shape[0]
@@ -238,9 +240,8 @@ def _gguf_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # GGUF block types the native kernels read as they are stored.
-_NATIVE_GGUF = {"Q4_0": native_fmt.Q4_0, "Q4_1": native_fmt.Q4_1, "Q5_0": native_fmt.Q5_0, "Q5_1": native_fmt.Q5_1,
-                "Q8_0": native_fmt.Q8_0, "Q4_K": native_fmt.Q4_K, "Q5_K": native_fmt.Q5_K, "Q6_K": native_fmt.Q6_K,
-                "F16": native_fmt.F16}
+_NATIVE_GGUF = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": Q8_0, "Q4_K": Q4_K, "Q5_K": Q5_K,
+                "Q6_K": Q6_K, "F16": F16}
 
 
 def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:
@@ -248,12 +249,42 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
     format the native kernels read stay in their blocks (``NativeWeight``); otherwise everything is
     dequantized to fp32 by gguf's reference code."""
     import gguf
-    import numpy as np
 
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
         raise SpecserveError(f"cannot read GGUF file {path}: {e}") from None
+    cfg = _gguf_config(reader)
+    # llama.cpp's converter interleaves q/k rows for the llama architecture only (its rotary pairs are
+    # adjacent there; qwen2/qwen3 use the halves layout Hugging Face and our kernels use)
+    permuted = cfg.arch == "llama"
+    names_of = dict(_GGUF_NAMES)
+    if cfg.post_norms:            # Gemma 3: GGUF's ffn_norm is the norm before the MLP
+        names_of.update(ffn_norm="pre_feedforward_layernorm", post_attention_norm="post_attention_layernorm",
+                        post_ffw_norm="post_feedforward_layernorm")
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        w = _gguf_tensor(t, keep_blocks, path)
+        name = _hf_name(t.name, names_of)
+        if name is None:
+            continue
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if kind in ("attn_q", "attn_k") and permuted:
+            heads = cfg.num_heads if kind == "attn_q" else cfg.num_kv_heads
+            if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
+                w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
+            else:
+                w = _gguf_unpermute(w, heads)
+        sd[name] = w
+    return cfg, sd
+
+
+def _gguf_config(reader) -> ModelConfig:
+    """The model configuration from a GGUF file's fields (the tokenizer's long arrays skipped:
+    only the vocabulary's size is needed here) and which tensors it holds."""
+    import gguf
+    import numpy as np
+
     fields = {}
     for key, fld in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "scores", "token_type", "merges")):
@@ -267,40 +298,33 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
     names = {t.name for t in reader.tensors}
     factors = next((np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).ravel().tolist()
                     for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    cfg = ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names, rope_factors=factors,
-                                has_qkv_bias="blk.0.attn_q.bias" in names)
-    # llama.cpp's converter interleaves q/k rows for the llama architecture only (its rotary pairs are
-    # adjacent there; qwen2/qwen3 use the halves layout Hugging Face and our kernels use)
-    permuted = cfg.arch == "llama"
-    names_of = dict(_GGUF_NAMES)
-    if cfg.post_norms:            # Gemma 3: GGUF's ffn_norm is the norm before the MLP
-        names_of.update(ffn_norm="pre_feedforward_layernorm", post_attention_norm="post_attention_layernorm",
-                        post_ffw_norm="post_feedforward_layernorm")
-    sd: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
-            data = torch.from_numpy(np.array(t.data)).view(torch.uint8)
-            w = NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
-                             (int(t.shape[1]), int(t.shape[0])))
-        else:
-            try:
-                w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
-            except NotImplementedError:
-                raise SpecserveError(f"{path}: tensor {t.name} is stored as {t.tensor_type.name}, a block type "
-                                     "this loader cannot read") from None
-        parts = t.name.split(".")
-        if t.name == "token_embd.weight":
-            sd["model.embed_tokens.weight"] = w
-        elif t.name == "output_norm.weight":
-            sd["model.norm.weight"] = w
-        elif t.name == "output.weight":
-            sd["lm_head.weight"] = w
-        elif parts[0] == "blk" and parts[2] in names_of:
-            if parts[2] in ("attn_q", "attn_k") and permuted:
-                heads = cfg.num_heads if parts[2] == "attn_q" else cfg.num_kv_heads
-                if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
-                    w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
-                else:
-                    w = _gguf_unpermute(w, heads)
-            sd[f"model.layers.{parts[1]}.{names_of[parts[2]]}.{parts[3]}"] = w
-    return cfg, sd
+    return ModelConfig.from_gguf(fields, has_output_tensor="output.weight" in names, rope_factors=factors,
+                                 has_qkv_bias="blk.0.attn_q.bias" in names)
+
+
+def _hf_name(gguf_name: str, names_of: dict[str, str]) -> str | None:
+    """The Hugging Face name of a GGUF tensor (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``), or None for one the model does not use."""
+    parts = gguf_name.split(".")
+    if gguf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[gguf_name]
+    if parts[0] == "blk" and parts[2] in names_of:
+        return f"model.layers.{parts[1]}.{names_of[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _gguf_tensor(t, keep_blocks: bool, path: str) -> "torch.Tensor | NativeWeight":
+    """One GGUF tensor: kept in its blocks (``keep_blocks``, a matrix in a format the native kernels
+    read), else dequantized to fp32."""
+    import gguf
+    import numpy as np
+
+    if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
+        data = torch.from_numpy(np.array(t.data)).view(torch.uint8)
+        return NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
+                            (int(t.shape[1]), int(t.shape[0])))
+    try:
+        return torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    except NotImplementedError:
+        raise SpecserveError(f"{path}: tensor {t.name} is stored as {t.tensor_type.name}, a block type "
+                             "this loader cannot read") from None

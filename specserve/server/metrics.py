@@ -76,7 +76,7 @@ class Metrics:
                     self.auto_steps += 1
                     self.auto_off += nodes == 0
             if report.predicted_s:
-                self.step_ratio.observe(report.measured_s / report.predicted_s)
+                self.step_ratio.observe(report.pass_s / report.predicted_s)
             if report.threads:
                 self.thread_steps[report.threads] = self.thread_steps.get(report.threads, 0) + 1
             if report.prefill_tokens:

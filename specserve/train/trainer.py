@@ -2,18 +2,15 @@
 
 The target's distribution p_t at position t (over x_{t+1}) is recomputed from the recorded final
 normed feature and the target's LM-head rows of the reduced vocabulary, renormalised over it.
-
-* EAGLE, with *training-time test* (EAGLE-3): the head is unrolled ``steps`` times over every
-  sequence at once.  Step j (0-based) at position u takes the embedding of x_{u+1} and, for j = 0,
-  the fused real feature g_u, for j > 0 the step j-1 output at u - 1; it attends to the step-0 keys
-  of positions <= u - j (their inputs are real features) and to one key of each later step on its
-  own diagonal (step i at position u - (j - i)), exactly what drafting j + 1 tokens deep attends to.
-  Its output predicts x_{u+2}: loss = sum_j 0.8^j CE(p_{u+1}, q_j(u)).
-* Medusa: block j (0-based) over f^L_t predicts x_{t+2+j}: loss = sum_j 0.8^j CE(p_{t+1+j}, q_j(t)).
+What a head kind trains on is its ``Objective`` (``objectives``: EAGLE's training-time test,
+Medusa's blocks), chosen by the config's ``kind``; the loss is the same for every kind:
+sum_j 0.8^j CE(p_{u+ahead_j}, q_j(u)) over the positions that train, output j aligned as its
+objective says.
 
 Validation acceptance: on the held-out last shard, the mean number of drafted tokens a greedy
-*chain* of ``val_depth`` accepts when the pending token is an answer token (answers are the
-target's greedy output, so a drafted token is accepted iff it equals the next answer token).
+*chain* of the objective's validation depth accepts when the pending token is an answer token
+(answers are the target's greedy output, so a drafted token is accepted iff it equals the next
+answer token).
 """
 
 from __future__ import annotations
@@ -27,8 +24,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from specserve.drafters.heads import build, save_head
 from specserve.errors import SpecserveError
-from specserve.train.heads import EagleHead, build, new_config, save_head
+from specserve.train.objectives import OBJECTIVES
 
 STEP_DECAY = 0.8
 
@@ -113,45 +111,12 @@ class Data:
         return Batch(tokens, answer, valid, feats, final)
 
 
-def shift(x: Tensor, n: int) -> Tensor:
-    """x [B, T, ...] moved n positions later along T (x'[u] = x[u - n]), zeros first."""
-    if n == 0:
-        return x
-    return torch.cat([torch.zeros_like(x[:, :n]), x[:, :-n]], 1)
-
-
-def eagle_unroll(head: EagleHead, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]:
-    """Training-time test (module docstring): g0 [B, T, hidden] fused real features, emb_next [B, T, hidden]
-    embeddings of x_{u+1} -> ``steps`` outputs [B, T, hidden]; output j at u predicts x_{u+2} (valid for u >= j)."""
-    B, T, _ = g0.shape
-    c = head.cfg
-    pos = torch.arange(T).expand(B, T)
-    rep = c.num_heads // c.num_kv_heads
-    scale = 1.0 / math.sqrt(c.head_dim)
-    ks, vs, outs = [], [], []
-    g_in = g0
-    for j in range(steps):
-        x = head.inputs(g_in, emb_next)
-        q, k, v = head.qkv(x, pos)                                               # [B, T, H(kv), d]
-        ks.append(k.repeat_interleave(rep, 2))
-        vs.append(v.repeat_interleave(rep, 2))
-        s0 = torch.einsum("bqhd,bkhd->bhqk", q, ks[0]) * scale                   # [B, H, T, T]
-        allowed = torch.ones(T, T, dtype=torch.bool).tril(-j)                    # step-0 keys at <= u - j
-        s0 = s0.masked_fill(~allowed, float("-inf"))
-        diag = [torch.einsum("bqhd,bqhd->bhq", q, shift(ks[i], j - i)) * scale for i in range(1, j + 1)]
-        p = torch.cat([s0] + [d[..., None] for d in diag], -1).softmax(-1)      # [B, H, T, T + j]
-        att = torch.einsum("bhqk,bkhd->bqhd", p[..., :T], vs[0])
-        for i in range(1, j + 1):
-            att = att + p[..., T + i - 1].transpose(1, 2)[..., None] * shift(vs[i], j - i)
-        o = head.finish(x, att.flatten(-2))
-        outs.append(o)
-        g_in = shift(o, 1)
-    return outs
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, target, data: Data, out_dir: str):
+        if cfg.kind not in OBJECTIVES:
+            raise SpecserveError(f"no head kind {cfg.kind!r} to train; choose from {', '.join(OBJECTIVES)}")
         self.cfg, self.target, self.data, self.out = cfg, target, data, Path(out_dir)
+        self.objective = OBJECTIVES[cfg.kind]
         tcfg = target.config
         torch.manual_seed(cfg.seed)
         self.vocab_ids, self.coverage = choose_vocab(data, cfg.vocab, tcfg.vocab_size)
@@ -159,8 +124,7 @@ class Trainer:
         self.embed = target.model.weight_rows("embed", torch.arange(tcfg.vocab_size)).cpu()  # [V, hidden]
         self.to_sub = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
         self.to_sub[self.vocab_ids] = torch.arange(len(self.vocab_ids))
-        self.head_cfg = new_config(cfg.kind, target, list(cfg.layers) if cfg.kind == "eagle" else [tcfg.num_layers],
-                                   cfg.num_medusa if cfg.kind == "medusa" else 0, cfg.intermediate_size)
+        self.head_cfg = self.objective.head_config(cfg, target)
         self.module = build(self.head_cfg)
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.epoch, self.pos_in_epoch = 0, 0, 0
@@ -172,11 +136,6 @@ class Trainer:
         with torch.no_grad():
             return (final @ self.rows.T).softmax(-1)
 
-    def _logits(self, h: Tensor) -> Tensor:
-        """Head outputs [..., hidden] -> reduced-vocabulary logits [..., Vr]."""
-        if isinstance(self.module, EagleHead):
-            h = self.module.norm(h)
-        return h @ self.rows.T
 
     def _positions(self, b: Batch) -> Tensor:
         """[B, T] bool: positions t whose target p_t trains (by the ``positions`` setting)."""
@@ -184,14 +143,8 @@ class Trainer:
         return pick & b.valid
 
     def outputs(self, b: Batch, steps: int) -> list[Tensor]:
-        """Per step / Medusa block j: logits [B, T, Vr] at u predicting x_{u+2+j}."""
-        if isinstance(self.module, EagleHead):
-            g0 = self.module.fused(b.feats)
-            emb_next = self.embed[b.tokens.roll(-1, 1)]                      # x_{u+1} (last: unused)
-            outs = eagle_unroll(self.module, g0, emb_next, steps)
-            return [self._logits(o) for o in outs]
-        hs = self.module(b.final)                                                 # [B, T, M, hidden]
-        return [self._logits(hs[:, :, j]) for j in range(hs.shape[2])]
+        """Output j's reduced-vocabulary logits [B, T, Vr], aligned as the objective says."""
+        return [h @ self.rows.T for h in self.objective.outputs(self.module, b, steps, self.embed)]
 
     def loss(self, b: Batch) -> Tensor:
         p = self._target_probs(b.final)                                           # [B, T, Vr]
@@ -199,9 +152,7 @@ class Trainer:
         outs = self.outputs(b, self.cfg.steps)
         total, weight = 0.0, 0.0
         for j, logits in enumerate(outs):
-            # eagle step j at u predicts x_{u+2} (target p_{u+1}); medusa block j at u predicts x_{u+2+j}
-            ahead = 1 if isinstance(self.module, EagleHead) else 1 + j
-            first = j if isinstance(self.module, EagleHead) else 0
+            ahead, first = self.objective.alignment(j)          # output j at u >= first trains on p_{u+ahead}
             T = logits.shape[1]
             if T <= ahead + first:
                 continue
@@ -219,7 +170,7 @@ class Trainer:
     def validate(self) -> dict:
         """Mean drafted tokens a greedy chain of ``val_depth`` accepts (module docstring), and per depth."""
         self.module.eval()
-        depth = self.cfg.val_depth if isinstance(self.module, EagleHead) else self.cfg.num_medusa
+        depth = self.objective.val_depth(self.cfg)
         hits = torch.zeros(depth)
         starts = 0
         for idx in self.data.batches(self.data.val, self.cfg.batch_tokens, None):
@@ -233,8 +184,8 @@ class Trainer:
             alive = b.answer[:, 1:n + 1] & b.valid[:, depth + 1:depth + 1 + n]   # pending x_{u0+1} is an answer token
             starts += int(alive.sum())
             for j in range(depth):
-                # chain depth j+1 from u0: eagle output j at u0 + j; medusa block j at u0; both predict x_{u0+2+j}
-                at = j if isinstance(self.module, EagleHead) else 0
+                # chain depth j+1 from u0 (predicting x_{u0+2+j}): output j at u0 + first
+                at = self.objective.alignment(j)[1]
                 ok = preds[j][:, at:at + n] == b.tokens[:, 2 + j:2 + j + n]
                 alive = alive & ok
                 hits[j] += int(alive.sum())

@@ -82,72 +82,92 @@ def _compiler() -> str:
     return cxx
 
 
+_I64, _P, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+# Every exported function: (argument types, result type).
+SIGNATURES = {
+    "ss_row_bytes": ([_I32, _I64], _I64),
+    "ss_linear": ([_P, _I64, _I64, _P, _I32, _I64, _P, _P, _I32], None),
+    "ss_embed": ([_P, _I64, _P, _I32, _I64, _P], None),
+    "ss_rmsnorm": ([_P, _P, _I64, _I64, _F32, _P], None),
+    "ss_silu_mul": ([_P, _I64, _I64, _P], None),
+    "ss_rope_cache": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _F32, _P, _P, _P], None),
+    "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P], None),
+    "ss_gelu_tanh_mul": ([_P, _I64, _I64, _P], None),
+    "ss_add": ([_P, _P, _I64], None),
+    "ss_scale": ([_P, _F32, _I64], None),
+    "ss_set_threads": ([_I32], _I32),
+    "ss_default_threads": ([], _I32),
+    "ss_release_threads": ([], _I32),
+    "ss_fma_peak": ([_I64, _P], ctypes.c_double),
+    "ss_int8_peak": ([_I64, _P], ctypes.c_double),
+    "ss_q8_path_runs": ([_I32], _I32),
+    "ss_q8_set_path": ([_I32], _I32),
+    "ss_q8_path": ([], _I32),
+    "ss_packed_bytes": ([_I32, _I64, _I64], _I64),
+    "ss_pack": ([_P, _I32, _I64, _I64, _P], None),
+    "ss_quantize_rows": ([_P, _I64, _I64, _P, _P, _P, _P], None),
+    "ss_layer_fields": ([], _I32),
+    "ss_forward": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _F32,
+                    _F32, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _I32, _P, _P, _I32, _I64, _P, _I64, _P, _P],
+                   None),
+}
+
+
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """Build (once per source/flags/compiler) and load the kernel library."""
     cxx = _compiler()
+    target = cache_dir() / f"specserve_kernels_{_build_key(cxx)}.so"
+    if not target.is_file():
+        _build(cxx, target)
+    lib = ctypes.CDLL(str(target))
+    if lib.ss_abi_version() != ABI_VERSION:
+        raise RuntimeError(f"stale native kernel library {target}")
+    for name, (args, res) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def _build_key(cxx: str) -> str:
+    """The library's name in the cache: a hash of the sources with their flags, the headers, the
+    common flags and the compiler's version."""
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from None
     text = b"".join(p.read_bytes() + " ".join(isa).encode() for p, isa in SOURCES.items())
     text += b"".join(p.read_bytes() for p in HEADERS)
-    key = hashlib.sha256(text + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    target = cache_dir() / f"specserve_kernels_{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            jobs = [(subprocess.Popen([cxx, *FLAGS, *isa, f"-I{HERE}", "-c", str(src), "-o", f"{tmp}/{src.stem}.o"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src)
-                    for src, isa in SOURCES.items()]
-            for proc, src in jobs:
-                _, err = proc.communicate()
-                if proc.returncode != 0 and src in OPTIONAL:       # an older compiler: this path is left out
-                    proc = subprocess.run([cxx, *FLAGS, *BASE_ISA, "-DSS_Q8_STUB", "-c", str(src), "-o",
-                                           f"{tmp}/{src.stem}.o"], capture_output=True, text=True)
-                    err = proc.stderr
-                if proc.returncode != 0:
-                    raise RuntimeError(f"building the native kernels failed ({src.name}): {err.strip()[-2000:]}")
-            proc = subprocess.run([cxx, "-fopenmp", "-shared", *(f"{tmp}/{src.stem}.o" for src in SOURCES),
-                                   "-o", str(out)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"linking the native kernels failed: {proc.stderr.strip()[-2000:]}")
-            os.replace(out, target)                       # atomic: concurrent builders are harmless
-    lib = ctypes.CDLL(str(target))
-    if lib.ss_abi_version() != ABI_VERSION:
-        raise RuntimeError(f"stale native kernel library {target}")
-    i64, p, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    sigs = {
-        "ss_row_bytes": ([i32, i64], i64),
-        "ss_linear": ([p, i64, i64, p, i32, i64, p, p, i32], None),
-        "ss_embed": ([p, i64, p, i32, i64, p], None),
-        "ss_rmsnorm": ([p, p, i64, i64, f32, p], None),
-        "ss_silu_mul": ([p, i64, i64, p], None),
-        "ss_rope_cache": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, p, f32, p, p, p], None),
-        "ss_attention": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, f32, i64, p], None),
-        "ss_gelu_tanh_mul": ([p, i64, i64, p], None),
-        "ss_add": ([p, p, i64], None),
-        "ss_scale": ([p, f32, i64], None),
-        "ss_set_threads": ([i32], i32),
-        "ss_default_threads": ([], i32),
-        "ss_release_threads": ([], i32),
-        "ss_fma_peak": ([i64, p], ctypes.c_double),
-        "ss_int8_peak": ([i64, p], ctypes.c_double),
-        "ss_q8_path_runs": ([i32], i32),
-        "ss_q8_set_path": ([i32], i32),
-        "ss_q8_path": ([], i32),
-        "ss_packed_bytes": ([i32, i64, i64], i64),
-        "ss_pack": ([p, i32, i64, i64, p], None),
-        "ss_quantize_rows": ([p, i64, i64, p, p, p, p], None),
-        "ss_layer_fields": ([], i32),
-        "ss_forward": ([p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, f32, p,
-                        p, p, p, p, p, i64, p, p, p, p, i32, p, p, i32, i64, p, i64, p, p], None),
-    }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    return lib
+    return hashlib.sha256(text + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+
+
+def _build(cxx: str, target: Path) -> None:
+    """Compile every source and link them into ``target``, which appears whole or not at all."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = _compile_all(cxx, tmp)
+        out = Path(tmp) / target.name
+        proc = subprocess.run([cxx, "-fopenmp", "-shared", *objects, "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"linking the native kernels failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(out, target)                       # atomic: concurrent builders are harmless
+
+
+def _compile_all(cxx: str, tmp: str) -> list[str]:
+    """Every source compiled (in parallel) to an object file in ``tmp``; an optional source the
+    compiler cannot build with its extra flags is built as a stub whose path is never chosen."""
+    jobs = [(subprocess.Popen([cxx, *FLAGS, *isa, f"-I{HERE}", "-c", str(src), "-o", f"{tmp}/{src.stem}.o"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src)
+            for src, isa in SOURCES.items()]
+    for proc, src in jobs:
+        _, err = proc.communicate()
+        if proc.returncode != 0 and src in OPTIONAL:       # an older compiler: this path is left out
+            proc = subprocess.run([cxx, *FLAGS, *BASE_ISA, "-DSS_Q8_STUB", "-c", str(src), "-o",
+                                   f"{tmp}/{src.stem}.o"], capture_output=True, text=True)
+            err = proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the native kernels failed ({src.name}): {err.strip()[-2000:]}")
+    return [f"{tmp}/{src.stem}.o" for src in SOURCES]
 
 
 class BlockWeight:

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import ForwardOutput, Layout, PartTimer
+from specserve.models.decoder import ForwardOutput, Layout, PartTimer, logit_rows
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
-from specserve.models.native import MAX_TREE_TOKENS, Q4_0, Q5_0, NativeWeight, library, linear
-from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable
+from specserve.models.native import F16, MAX_TREE_TOKENS, Q4_0, Q5_0, BlockWeight, NativeWeight, library, linear
+from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
 
@@ -32,7 +34,7 @@ MAX_HEAD_DIM = 256
 def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
     """A weight as the kernels run it.  Q4_0 and Q5_0 blocks run as the Q8_0 blocks that hold them
     exactly (the same bits out, 1.5-1.9x the bytes): unpacking their nibbles and fifth bits cost
-    more than reading the wider blocks (Gemma 3 270M's MLP: 4.5 against 6-7 ms per token here)."""
+    more than reading the wider blocks (measured on Gemma 3 270M's MLP by ``specserve profile``)."""
     if not isinstance(w, NativeWeight):
         return NativeWeight.from_float(w)
     return w.as_q8_0() if w.fmt in (Q4_0, Q5_0) else w
@@ -40,6 +42,35 @@ def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
 
 def _f32(t: Tensor) -> Tensor:
     return t.detach().to(torch.float32).contiguous()
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    """A tensor's address for the kernels (None: a null pointer)."""
+    return t.data_ptr() if t is not None else None
+
+
+@dataclass
+class _Pass:
+    """One pass as the kernels take it: int64 index tensors and fp32 buffers, allocated once."""
+    m: int                        # tokens in the pass (N)
+    bsz: int                      # sequences (B)
+    tok: Tensor                   # [N] token ids
+    rows: Tensor                  # [B] cache rows
+    start: Tensor                 # [B] first slot of each sequence's tokens
+    offsets: Tensor               # [B+1] sequence b owns tokens offsets[b] .. offsets[b+1]-1
+    seq_of: Tensor                # [N] each token's sequence
+    pos: Tensor                   # [N] rotary positions (start + depth)
+    parents: Tensor | None        # [N] parent within the sequence (-1: a root); None: chains
+    pick: Tensor | None           # [n] flat indices of the tokens whose logits are wanted; None: all
+    x: Tensor                     # [N, hidden] the residual stream
+    hbuf: Tensor                  # [N, hidden] normed input of each sublayer
+    qkv: Tensor                   # [N, (H + 2 Hkv) D]
+    q: Tensor                     # [N, H D] rotated queries
+    att: Tensor                   # [N, H D] attention output
+    gu: Tensor                    # [N, 2 inter] fused gate/up
+    act: Tensor                   # [N, inter]
+    logits: Tensor                # [n or N, V]
+    wanted: dict[int, Tensor]     # layer -> [N, hidden] features asked for
 
 
 class _Layer:
@@ -212,97 +243,125 @@ class NativeTransformer(nn.Module):
 
         self._linear, self._lib = by_role(linear), Lib()
 
+    def matmul(self, weight: Tensor, bias: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """y = x W^T (+ b) on the native kernels (see the protocol): weight [out, in] as Q8_0 blocks
+        on the int8 kernels when this model runs int8 activations (and in is a multiple of 32),
+        else as float16 blocks against fp32 activations; bias [out] in fp32."""
+        w32 = weight.detach().to("cpu", torch.float32)
+        if self.activations == "int8" and weight.shape[1] % 32 == 0:
+            w: BlockWeight = PackedWeight.pack(quantize_q8_0(w32))
+        else:
+            w = NativeWeight.from_float(w32, F16)
+        b = bias.detach().to("cpu", torch.float32).contiguous() if bias is not None else None
+        return lambda x: linear(x.to(torch.float32).contiguous(), w, b)             # [M, in] -> [M, out]
+
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
                 features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
-        """One pass (layout: ``specserve.models.decoder``), chain, tree or ragged."""
-        cfg, lib = self.config, self._lib
+        """One pass (layout: ``specserve.models.decoder``), chain, tree or ragged: the whole pass in
+        one foreign call (``ss_forward``), or, while a timer is set, the same kernel calls one at a
+        time from Python (the same bits)."""
         lay = Layout.of(tokens, lengths, parents)
-        bsz, m, longest = len(lay.lengths), int(lay.offsets[-1]), max(lay.lengths)
-        ragged = lengths is not None
-        if ragged and last_only:
-            raise ValueError("last_only is for [B, T] passes")
-        if logits_for is not None and not ragged:
-            raise ValueError("logits_for is for ragged passes")
+        pick = logit_rows(lengths, last_only, logits_for)
+        if last_only:
+            pick = lay.offsets[1:] - 1                                              # each row's last token
+        self._check_fits(lay, start, cache)
+        p = self._new_pass(tokens, lay, rows, start, pick, features)
+        if self._timer is None:
+            self._run_whole(p, cache)
+        else:
+            self._run_by_call(p, cache)
+        return self._output(p.logits, p.wanted, lengths is not None, len(lay.lengths),
+                            1 if last_only else max(lay.lengths))
+
+    def _check_fits(self, lay: Layout, start: list[int], cache: KVCache) -> None:
+        """Refuse a pass past the cache or the rotary tables, on a non-fp32 cache, or with a tree
+        longer than the kernels hold."""
+        longest = max(lay.lengths)
         if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.positions):
             raise ValueError(f"positions up to {max(start) + longest} exceed cache capacity {cache.capacity}")
         if cache.k[0].dtype != torch.float32:
             raise ValueError("the native runtime needs a float32 KV cache")
         if lay.parents is not None and longest > MAX_TREE_TOKENS:
             raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per sequence, got {longest}")
-        pick = lay.offsets[1:] - 1 if last_only else logits_for
-        pick_t = torch.as_tensor(np.asarray(pick, dtype=np.int64)) if pick is not None else None
-        if pick_t is not None and len(pick_t) and not bool(((pick_t >= 0) & (pick_t < m)).all()):
-            raise ValueError(f"logits_for indices must be in [0, {m})")
-        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        hid, inter, cap = cfg.hidden_size, cfg.intermediate_size, cache.capacity
-        tok = tokens.reshape(-1).to(torch.int64).contiguous()
+
+    def _new_pass(self, tokens: Tensor, lay: Layout, rows: list[int], start: list[int],
+                  pick: "np.ndarray | list[int] | None", features: tuple[int, ...]) -> _Pass:
+        """The pass's index tensors for the kernels and its buffers, allocated once (``pick``: the
+        flat indices of the tokens whose logits are wanted, None: all)."""
+        cfg = self.config
+        m, h, hkv, d = int(lay.offsets[-1]), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        hid, inter = cfg.hidden_size, cfg.intermediate_size
         start_t = torch.tensor(start, dtype=torch.int64)
         pos = (start_t.numpy()[lay.seq_of] + lay.depth).astype(np.int64)              # rotary positions [N]
         pos_t, offsets_t, seq_of_t = (torch.from_numpy(np.ascontiguousarray(a)) for a in (pos, lay.offsets, lay.seq_of))
-        parents_t = torch.from_numpy(lay.parents) if lay.parents is not None else None
-        parent_ptr = parents_t.data_ptr() if parents_t is not None else None
-        rows_t = torch.tensor(rows, dtype=torch.int64)
-        x = torch.empty(m, hid)
-        hbuf = torch.empty(m, hid)
-        qkv = torch.empty(m, (h + 2 * hkv) * d)
-        q = torch.empty(m, h * d)
-        att = torch.empty(m, h * d)
-        gu = torch.empty(m, 2 * inter)
-        act = torch.empty(m, inter)
-        eps, scale = float(cfg.rms_norm_eps), float(d ** -0.5)
+        pick_t = torch.as_tensor(np.asarray(pick, dtype=np.int64)) if pick is not None else None
         n_logits = len(pick_t) if pick_t is not None else m
-        logits = torch.empty(n_logits, self.lm_head.shape[0])
-        wanted = {i: torch.empty(m, hid) for i in features if i <= cfg.num_layers}
-        if self._timer is None:
-            # the whole pass in one foreign call: the Python lock is taken once (see forward.cpp)
-            ptrs = torch.tensor([wanted[i].data_ptr() if i in wanted else 0 for i in range(cfg.num_layers + 1)],
-                                dtype=torch.int64) if wanted else None
-            lib.ss_forward(tok.data_ptr(), x.data_ptr(), hbuf.data_ptr(), qkv.data_ptr(), q.data_ptr(), att.data_ptr(),
-                           gu.data_ptr(), act.data_ptr(), cfg.num_layers, m, hid, inter, h, hkv, d,
-                           cache.k_all.shape[1], cap, eps, scale, float(cfg.embed_scale), rows_t.data_ptr(),
-                           start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(),
-                           pos_t.data_ptr(), parent_ptr, bsz, self._weights.data_ptr(), cache.k_all.data_ptr(),
-                           cache.v_all.data_ptr(), self.embed.data.data_ptr(), self.embed.fmt, self.norm.data_ptr(),
-                           self.lm_head.data.data_ptr(), self.lm_head.fmt, self.lm_head.shape[0],
-                           pick_t.data_ptr() if pick_t is not None else None,
-                           n_logits if pick_t is not None else -1, logits.data_ptr(),
-                           ptrs.data_ptr() if ptrs is not None else None)
-            return self._output(logits, wanted, ragged, bsz, 1 if last_only else longest)
-        # timed: the same kernel calls from Python, one at a time
-        lin = self._linear
-        lib.ss_embed(tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, x.data_ptr())
+        return _Pass(
+            m=m, bsz=len(lay.lengths), tok=tokens.reshape(-1).to(torch.int64).contiguous(),
+            rows=torch.tensor(rows, dtype=torch.int64), start=start_t, offsets=offsets_t, seq_of=seq_of_t, pos=pos_t,
+            parents=torch.from_numpy(lay.parents) if lay.parents is not None else None, pick=pick_t,
+            x=torch.empty(m, hid), hbuf=torch.empty(m, hid), qkv=torch.empty(m, (h + 2 * hkv) * d),
+            q=torch.empty(m, h * d), att=torch.empty(m, h * d), gu=torch.empty(m, 2 * inter),
+            act=torch.empty(m, inter), logits=torch.empty(n_logits, self.lm_head.shape[0]),
+            wanted={i: torch.empty(m, hid) for i in features if i <= cfg.num_layers})
+
+    def _run_whole(self, p: _Pass, cache: KVCache) -> None:
+        """The whole pass in one foreign call: the Python lock is taken once (see forward.cpp)."""
+        cfg = self.config
+        ptrs = torch.tensor([p.wanted[i].data_ptr() if i in p.wanted else 0 for i in range(cfg.num_layers + 1)],
+                            dtype=torch.int64) if p.wanted else None
+        self._lib.ss_forward(
+            p.tok.data_ptr(), p.x.data_ptr(), p.hbuf.data_ptr(), p.qkv.data_ptr(), p.q.data_ptr(), p.att.data_ptr(),
+            p.gu.data_ptr(), p.act.data_ptr(), cfg.num_layers, p.m, cfg.hidden_size, cfg.intermediate_size,
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.k_all.shape[1], cache.capacity,
+            float(cfg.rms_norm_eps), float(cfg.head_dim ** -0.5), float(cfg.embed_scale), p.rows.data_ptr(),
+            p.start.data_ptr(), p.offsets.data_ptr(), p.seq_of.data_ptr(), p.pos.data_ptr(), _ptr(p.parents), p.bsz,
+            self._weights.data_ptr(), cache.k_all.data_ptr(), cache.v_all.data_ptr(), self.embed.data.data_ptr(),
+            self.embed.fmt, self.norm.data_ptr(), self.lm_head.data.data_ptr(), self.lm_head.fmt,
+            self.lm_head.shape[0], _ptr(p.pick), len(p.pick) if p.pick is not None else -1, p.logits.data_ptr(),
+            _ptr(ptrs))
+
+    def _run_by_call(self, p: _Pass, cache: KVCache) -> None:
+        """The pass as ``ss_forward`` runs it, one (timed) kernel call at a time from Python."""
+        cfg, lib = self.config, self._lib
+        m, hid, eps = p.m, cfg.hidden_size, float(cfg.rms_norm_eps)
+        lib.ss_embed(p.tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, p.x.data_ptr())
         if cfg.embed_scale != 1.0:
-            lib.ss_scale(x.data_ptr(), float(cfg.embed_scale), m * hid)
+            lib.ss_scale(p.x.data_ptr(), float(cfg.embed_scale), m * hid)
         for i, layer in enumerate(self.layers):
-            if i in wanted:
-                wanted[i].copy_(x)
-            kc, vc = cache.k[i], cache.v[i]
-            # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
-            lib.ss_rmsnorm(x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
-            lin(hbuf, layer.qkv, layer.qkv_bias, out=qkv)
-            lib.ss_rope_cache(qkv.data_ptr(), layer.cos.data_ptr(), layer.sin.data_ptr(), rows_t.data_ptr(),
-                              start_t.data_ptr(), offsets_t.data_ptr(), seq_of_t.data_ptr(), pos_t.data_ptr(), m,
-                              h, hkv, cap, d,
-                              layer.q_norm.data_ptr() if layer.q_norm is not None else None,
-                              layer.k_norm.data_ptr() if layer.k_norm is not None else None,
-                              eps, q.data_ptr(), kc.data_ptr(), vc.data_ptr())
-            lib.ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
-                             offsets_t.data_ptr(), pos_t.data_ptr(), parent_ptr, bsz, h, hkv, cap, d, scale,
-                             layer.window, att.data_ptr())
-            self._residual(lin, att, layer.o, layer.post_attn_norm, x, hbuf, eps)
-            # 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)
-            lib.ss_rmsnorm(x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
-            lin(hbuf, layer.gate_up, out=gu)
-            (lib.ss_gelu_tanh_mul if layer.gelu else lib.ss_silu_mul)(gu.data_ptr(), m, inter, act.data_ptr())
-            self._residual(lin, act, layer.down, layer.post_ffn_norm, x, hbuf, eps)
-        lib.ss_rmsnorm(x.data_ptr(), self.norm.data_ptr(), m, hid, eps, hbuf.data_ptr())
-        if cfg.num_layers in wanted:
-            wanted[cfg.num_layers].copy_(hbuf)
-        out = hbuf[pick_t].contiguous() if pick_t is not None else hbuf
-        lin(out, self.lm_head, out=logits)
-        return self._output(logits, wanted, ragged, bsz, 1 if last_only else longest)
+            if i in p.wanted:
+                p.wanted[i].copy_(p.x)
+            self._layer_by_call(layer, p, cache.k[i], cache.v[i], cache.capacity)
+        lib.ss_rmsnorm(p.x.data_ptr(), self.norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
+        if cfg.num_layers in p.wanted:
+            p.wanted[cfg.num_layers].copy_(p.hbuf)
+        out = p.hbuf[p.pick].contiguous() if p.pick is not None else p.hbuf
+        self._linear(out, self.lm_head, out=p.logits)
+
+    def _layer_by_call(self, layer: _Layer, p: _Pass, kc: Tensor, vc: Tensor, cap: int) -> None:
+        """One decoder layer on ``p.x`` in place, kernel call by kernel call; kc, vc: its cache."""
+        cfg, lib, lin = self.config, self._lib, self._linear
+        m, hid, eps = p.m, cfg.hidden_size, float(cfg.rms_norm_eps)
+        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
+        lib.ss_rmsnorm(p.x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
+        lin(p.hbuf, layer.qkv, layer.qkv_bias, out=p.qkv)
+        lib.ss_rope_cache(p.qkv.data_ptr(), layer.cos.data_ptr(), layer.sin.data_ptr(), p.rows.data_ptr(),
+                          p.start.data_ptr(), p.offsets.data_ptr(), p.seq_of.data_ptr(), p.pos.data_ptr(), m,
+                          h, hkv, cap, d, _ptr(layer.q_norm), _ptr(layer.k_norm), eps, p.q.data_ptr(),
+                          kc.data_ptr(), vc.data_ptr())
+        lib.ss_attention(p.q.data_ptr(), kc.data_ptr(), vc.data_ptr(), p.rows.data_ptr(), p.start.data_ptr(),
+                         p.offsets.data_ptr(), p.pos.data_ptr(), _ptr(p.parents), p.bsz, h, hkv, cap, d,
+                         float(d ** -0.5), layer.window, p.att.data_ptr())
+        self._residual(lin, p.att, layer.o, layer.post_attn_norm, p.x, p.hbuf, eps)
+        # 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)
+        lib.ss_rmsnorm(p.x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
+        lin(p.hbuf, layer.gate_up, out=p.gu)
+        (lib.ss_gelu_tanh_mul if layer.gelu else lib.ss_silu_mul)(p.gu.data_ptr(), m, cfg.intermediate_size,
+                                                                   p.act.data_ptr())
+        self._residual(lin, p.act, layer.down, layer.post_ffn_norm, p.x, p.hbuf, eps)
 
     def _residual(self, lin, a: Tensor, w: NativeWeight, post_norm: Tensor | None, x: Tensor, hbuf: Tensor,
                   eps: float) -> None:

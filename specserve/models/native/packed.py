@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.models.native import FORMAT_NAMES, BlockWeight, NativeWeight, library
+from specserve.models.native import FORMAT_NAMES, Q8_0, BlockWeight, NativeWeight, library
 
 PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
 PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2}
@@ -37,7 +37,6 @@ class PackedWeight(BlockWeight):
         return cls(out, PACKED + w.fmt, (n, k))
 
 
-
 def quantize_q8_0(w: torch.Tensor) -> NativeWeight:
     """Float weights [out, in] as Q8_0 blocks: per block of 32, q = round(w * 127 / max|w|) and
     d = max|w| / 127 stored as fp16 (for weights that have no GGUF blocks of their own, e.g. a learned
@@ -51,7 +50,6 @@ def quantize_q8_0(w: torch.Tensor) -> NativeWeight:
     q = torch.round(x * inv).clamp(-127, 127).to(torch.int8)                           # [n, b, 32]
     d16 = d.to(torch.float16).view(torch.uint8).reshape(n, k // 32, 2)
     blocks = torch.cat([d16, q.view(torch.uint8)], -1)
-    from specserve.models.native import Q8_0
     return NativeWeight(blocks.reshape(n, -1).contiguous(), Q8_0, (n, k))
 
 

@@ -1,9 +1,12 @@
-"""Shared by the learned drafters: finding a head, fast inference matmuls, and the head's KV cache.
+"""Shared by the learned drafters at draft time: finding a head, and drawing from one.
 
-A head is a folder (``head.safetensors`` + ``config.json``, see ``specserve.train.heads``).  Also
-here: the options the learned drafters share, and the depth-first emission of a scored tree.  The
-``default`` head of a drafter is the one shipped in ``specserve/data/heads/<kind>/`` for the
-default model; a head trained for another target is refused with the reason.
+A head is a folder (``head.safetensors`` + ``config.json``, see ``files``).  A head's matrix
+products run on the target runtime's own kernels, through the decoder protocol's ``matmul``
+(heads run on the CPU whatever the target's device).  Also here: the option
+the learned drafters share (``head``), a sampled chain over a reduced vocabulary, and the
+depth-first emission of a scored tree.  The ``default`` head of a drafter is the one shipped in
+``specserve/data/heads/<kind>/`` for the default model; a head trained for another target is
+refused with the reason.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, Option
+from specserve.drafters.base import DraftProposal, option
+from specserve.drafters.heads.files import check_target, load_head
+from specserve.drafters.heads.modules import HeadConfig
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
-from specserve.train.heads import HeadConfig, check_target, load_head
 
 
 def shipped_head(kind: str) -> Path:
@@ -61,34 +66,6 @@ def open_head(kind: str, spec: str, target) -> tuple[HeadConfig, torch.nn.Module
     return cfg, module, vocab_ids
 
 
-class Matmul:
-    """y = x W^T (+ b) with the target runtime's own kernels when it is the native CPU runtime
-    (weights as Q8_0 blocks on the int8 kernels when the target runs int8 activations, else kept in
-    float16), else plain float32 torch.  Heads run on the CPU whatever the target's device (their
-    inputs are moved there)."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None, model):
-        self.native = getattr(model, "kernel", "") == "native"
-        if self.native:
-            from specserve.models.native import F16, NativeWeight
-            from specserve.models.native.packed import PackedWeight, quantize_q8_0
-            if getattr(model, "activations", "f32") == "int8" and weight.shape[1] % 32 == 0:
-                self.w = PackedWeight.pack(quantize_q8_0(weight))
-            else:
-                self.w = NativeWeight.from_float(weight.detach().float(), F16)
-            self.b = bias.detach().float().contiguous() if bias is not None else None
-        else:
-            self.w = weight.detach().to("cpu", torch.float32)
-            self.b = bias.detach().to("cpu", torch.float32) if bias is not None else None
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.native:
-            from specserve.models.native import linear
-            return linear(x.contiguous(), self.w, self.b)
-        y = x @ self.w.T
-        return y + self.b if self.b is not None else y
-
-
 def positive(drafter: str, name: str):
     def check(v: int) -> int:
         if v < 1:
@@ -112,10 +89,29 @@ def sample_reduced(logits: Tensor, vocab_ids: Tensor, vocab_size: int, sampling:
     return int(vocab_ids[i]), float(q_sub[i]), q
 
 
-def head_option(kind: str) -> Option:
-    """The ``head`` option every learned drafter declares."""
-    return Option("head", str, "default", f"head folder, or 'default': the {kind} head shipped for the default model",
+def head_option(kind: str):
+    """The ``head`` field every learned drafter's options declare."""
+    return option("default", f"head folder, or 'default': the {kind} head shipped for the default model",
                   check=check_head_path)
+
+
+def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, vocab_ids: Tensor, vocab_size: int,
+                  sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
+    """A chain of ``depth`` tokens drawn one by one with ``sample_reduced``, with its q rows.
+
+    ``logits_at(d, drawn)``: the head's reduced-vocabulary logits [Vr] for depth d + 1, given the
+    tokens ``drawn`` at depths 1..d.  A node's confidence is the product of its path's draws' q."""
+    tokens: list[int] = []
+    probs: list[Tensor] = []
+    conf: list[float] = []
+    c = 1.0
+    for d in range(depth):
+        tok, p, q = sample_reduced(logits_at(d, tokens), vocab_ids, vocab_size, sampling, gen)
+        c *= p
+        tokens.append(tok)
+        probs.append(q)
+        conf.append(c)
+    return DraftProposal(tokens, torch.stack(probs), None, conf)
 
 
 def depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:

@@ -1,0 +1,28 @@
+"""Adaptive speculation: what a pass costs, what a draft is worth, and how big each draft should be.
+
+Modules, and what each owns:
+
+* ``cost``: ``CostModel``, the pure model of a target pass's seconds (a measured table, an
+  attention term, an online correction).
+* ``measure``: the only module that runs a model: it measures the cost model's table, once per
+  engine at construction, kept on disk per model, CPU and runtime.
+* ``acceptance``: ``AcceptanceModel`` (a node's **gain**: its probability of acceptance) and
+  ``decayed``, the one decayed average used everywhere.
+* ``choice``: the **rate** rule and ``choose`` (the nodes a step keeps), probes.
+* ``controller``: ``Controller``, the one object the engine asks each step (budgets, kept nodes,
+  probes, threads), from the drafters' declared ``Traits`` and plain numbers.
+* ``threads``: ``ThreadGovernor`` (compute threads from measured pass times).
+* ``prefill``: ``PrefillPolicy`` and the prefill planner (how many prompt tokens each pass takes).
+"""
+
+from specserve.control.acceptance import AcceptanceModel, decayed
+from specserve.control.choice import Candidate, ProbeState, choose, rate
+from specserve.control.controller import AUTO, Controller, Slot, StepPlan, Traits
+from specserve.control.cost import LONG_RUN, CostModel
+from specserve.control.measure import calibrate, cost_model
+from specserve.control.prefill import PrefillPolicy, PromptState, plan_chunks, prefill_shares
+from specserve.control.threads import ThreadGovernor
+
+__all__ = ["AUTO", "AcceptanceModel", "Candidate", "Controller", "CostModel", "LONG_RUN", "PrefillPolicy",
+           "ProbeState", "PromptState", "Slot", "StepPlan", "ThreadGovernor", "Traits", "calibrate", "choose",
+           "cost_model", "decayed", "plan_chunks", "prefill_shares", "rate"]

@@ -1,0 +1,102 @@
+"""Which drafted nodes a step keeps: the rate rule, and when an idle sequence is probed.
+
+The **rate** of a step is the expected tokens committed by the whole batch (one per sequence,
+plus the gains of every kept node) divided by the predicted seconds of the step: its target pass,
+plus the drafting of every sequence that keeps nodes (a drafter's cost is paid again next step only
+if its nodes are kept now).  ``rate`` is that rule, written once; ``choose`` applies it to keep,
+over the whole batch, the nodes with the highest gains, as many as maximise the rate.  A node is
+never kept without its parent (gains never grow along a path), and 0 nodes, plain decoding, is
+always a candidate, so speculation is only kept where it is predicted to pay.  A sequence whose
+drafts have not been kept for a while is probed (its best node kept anyway), so that a drafter
+that became useful again is noticed (``ProbeState``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.control.cost import CostModel
+
+
+def rate(tokens: float, pass_s: float, drafting_s: float) -> float:
+    """Expected tokens per second of a step: ``tokens`` committed over the pass and the drafting."""
+    return tokens / (pass_s + drafting_s) if pass_s > 0 else 0.0
+
+
+@dataclass
+class Candidate:
+    """One sequence in a step, as the controller sees it."""
+    seq_id: int
+    context: int                  # positions cached before the step
+    gains: list[float]            # per drafted node (in proposal order); fixed drafts: their gains
+    parents: list[int]            # per node (-1: child of the pending token)
+    fixed: bool = False           # a request that asked for an exact draft length: keep every node
+    probe: bool = False           # keep the best node even if it does not pay
+    draft_s: float = 0.0          # what drafting costs this sequence per step (seconds), paid again
+                                  # next step only if some of its nodes are kept now
+
+
+def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]], float]:
+    """Nodes to keep per sequence (indices into its proposal, in order), maximising the rate.
+
+    Nodes enter best-first; a node's gain is first capped at its parent's, so that with ties broken
+    by index a parent always enters before its children and every prefix of the order is a set of
+    trees.  Fixed drafts are kept whole; a probed sequence's first node is kept whatever it pays.
+    A sequence that keeps nodes is charged its drafter's cost (``draft_s``) on top of the pass, so
+    a drafter whose drafting costs more than its tokens save is not kept.
+    Returns ({seq_id: kept node indices}, predicted seconds of the chosen pass).
+    """
+    order: list[tuple[float, int, int]] = []           # (-gain, candidate, node)
+    forced: list[tuple[int, int]] = []
+    for i, c in enumerate(cands):
+        if c.fixed:
+            continue
+        capped: list[float] = []
+        for n, (g, p) in enumerate(zip(c.gains, c.parents)):
+            capped.append(min(g, capped[p]) if p >= 0 else g)
+            if c.probe and n == 0:
+                forced.append((i, 0))
+            else:
+                order.append((-capped[n], i, n))
+    order.sort()
+    steps = forced + [(i, n) for _, i, n in order]
+    lengths = [1 + (len(c.gains) if c.fixed else 0) for c in cands]
+    contexts = [c.context for c in cands]
+    gain = sum(sum(c.gains) for c in cands if c.fixed) + len(cands)     # expected tokens committed
+    best_n, best_rate, best_cost = 0, -1.0, 0.0
+    drafting = 0.0
+    for n in range(len(steps) + 1):
+        if n:
+            i, node = steps[n - 1]
+            lengths[i] += 1
+            gain += cands[i].gains[node]
+            if lengths[i] == 2:
+                drafting += cands[i].draft_s
+        if n < len(forced):
+            continue
+        seconds = cost.predict(lengths, contexts)
+        r = rate(gain, seconds, drafting)
+        if r > best_rate * (1 + 1e-9):
+            best_n, best_rate, best_cost = n, r, seconds
+    keep = {c.seq_id: (list(range(len(c.gains))) if c.fixed else []) for c in cands}
+    for i, node in steps[:best_n]:
+        keep[cands[i].seq_id].append(node)
+    return {k: sorted(v) for k, v in keep.items()}, best_cost
+
+
+@dataclass
+class ProbeState:
+    """When a sequence's drafts were last kept, and how long to wait before probing again."""
+    idle: int = 0
+    gap: int = 8
+
+    def due(self) -> bool:
+        return self.idle >= self.gap
+
+    def update(self, kept: int, accepted: int, probed: bool, max_gap: int = 128) -> None:
+        if kept:
+            self.idle = 0
+            if probed:
+                self.gap = 8 if accepted else min(self.gap * 2, max_gap)
+        else:
+            self.idle += 1

@@ -1,0 +1,390 @@
+"""The speculative loop: draft, verify in one target pass, accept, compact the KV cache, roll back.
+
+The engine knows no tokenization, HTTP, benchmark or command line.  It owns the target's KV cache
+(every change of a row's length goes through its row table, ``specserve.engine.rows``), the
+sequences, and the order of a step's phases; the controller (``specserve.control``) decides sizes
+from the numbers the engine gives it, the drafters propose, ``specserve.verify`` verifies.
+
+Requests are admitted with ``admit`` and advanced together by ``step``; ``generate`` runs a list
+of requests to completion.  A batch shares each target pass; every sequence has its own drafter,
+node budget, sampling settings and generators.  Prompts enter in chunks: ``admit`` only takes a
+cache row (and copies any cached prefix into it); each step's pass then carries, besides the
+decoding sequences' tokens, the next chunk of every prompt the prefill planner allows.  While its
+prompt is being prefilled a sequence is in state PREFILL and drafts nothing; the pass that ends
+its prompt gives its first token and it turns to DECODE.
+
+The cost model is measured once, at construction (``control.measure.cost_model``: from disk when
+this model, runtime and CPU were measured before), never inside a step or a request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from specserve.control import (AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, Traits, cost_model,
+                               plan_chunks)
+from specserve.control.measure import identity
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
+from specserve.engine.layout import Chunk, Entry, PassLayout
+from specserve.engine.prefix import Prefixes
+from specserve.engine.rows import RowTable
+from specserve.engine.types import (MAX_DRAFT, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
+                                    StepReport, StepTimes)
+from specserve.errors import SpecserveError
+from specserve.models.decoder import ForwardOutput
+from specserve.models.loader import LoadedModel
+from specserve.sampling import sample
+from specserve.stats import RequestStats
+from specserve.verify import Outcome, Row, verify_rows
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, drafters: dict[str, Drafter], max_batch: int = 16,
+                 max_len: int | None = None, prefill: PrefillPolicy | None = None):
+        if max_batch < 1:
+            raise SpecserveError(f"max_batch must be >= 1, got {max_batch}")
+        limit = target.config.max_position_embeddings
+        self.max_len = min(max_len or limit, limit)
+        if self.max_len < 2:
+            raise SpecserveError(f"max_len must be >= 2, got {max_len}")
+        self.policy = prefill or PrefillPolicy()
+        self.policy.check()
+        self.target, self.model = target, target.model
+        self.drafters = dict(drafters)
+        for d in self.drafters.values():
+            d.bind(max_batch, self.max_len)
+        self.rows = RowTable(self.model.new_cache(max_batch, self.max_len, slack=MAX_DRAFT + 1))
+        layers = tuple(sorted({x for d in self.drafters.values() for x in d.feature_layers}))
+        self.prefixes = Prefixes(self.policy.prefix_cache_mb, self.rows.cache, layers, target.config.hidden_size)
+        # most prompt tokens per pass: the policy's chunk, within the runtime's batch-invariant run
+        chunk = self.policy.chunk
+        self.prompt_tokens_max = min(chunk, self.model.invariant_tokens or chunk) if chunk is not None else self.max_len
+        top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
+        cost = cost_model(self.model, min(max_batch * (top + 1), 128), identity(target.path, target.options, self.model))
+        traits = {name: Traits(d.max_auto_draft, d.confidence) for name, d in self.drafters.items()}
+        self.controller = Controller(traits, cost, MAX_DRAFT, self.model.thread_choices())
+        self._threads_set = 0
+        self._running: list[Sequence] = []
+        self._finished: dict[int, Result] = {}
+        self._ids = itertools.count()
+        self.last_step: StepReport | None = None
+
+    def calibrate(self):
+        """The cost model the controller uses (measured at construction)."""
+        return self.controller.cost
+
+    def release_threads(self) -> bool:
+        """Call from a thread that has run passes (loading, calibration) and will run no more, before
+        another thread runs the engine: ends the calling thread's pool of compute threads, since
+        with more pooled threads than cores every parallel region would wake its workers through the
+        kernel (``scripts/engine_thread.py`` measures it).  Returns whether a pool was ended."""
+        return self.model.release_threads()
+
+    # ------------------------------------------------------------------ what the scheduler may use
+    def check(self, req: Request) -> None:
+        """Refuse a request that cannot be served, before anything is allocated."""
+        if not req.prompt:
+            raise SpecserveError("empty prompt", "prompt")
+        if req.max_tokens < 1:
+            raise SpecserveError(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
+        if len(req.prompt) + req.max_tokens > self.max_len:
+            raise SpecserveError(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds "
+                                 f"the context length {self.max_len}", "max_tokens")
+        if req.drafter not in self.drafters:
+            raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(self.drafters)}",
+                                 "drafter")
+        if req.num_draft != AUTO and (isinstance(req.num_draft, bool) or not isinstance(req.num_draft, int)
+                                      or not 0 <= req.num_draft <= MAX_DRAFT):
+            raise SpecserveError(f"num_draft must be 'auto' or in [0, {MAX_DRAFT}], got {req.num_draft!r}",
+                                 "num_draft")
+        vocab = self.target.config.vocab_size
+        if any(not 0 <= t < vocab for t in req.prompt):
+            raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        self.drafters[req.drafter].validate(req.sampling)
+
+    @property
+    def free_capacity(self) -> int:
+        """Sequences that can still be admitted (free KV rows)."""
+        return self.rows.free
+
+    @property
+    def has_capacity(self) -> bool:
+        return self.rows.free > 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def snapshot(self) -> EngineSnapshot:
+        """Rows, sequences and the prefix pool, for a server's gauges (between steps)."""
+        pool = self.prefixes.pool
+        prefix = None if pool is None else PrefixSnapshot(
+            pool.used_bytes, pool.capacity * pool.block_bytes, pool.blocks, pool.stats.hit_tokens,
+            pool.stats.miss_tokens, pool.stats.stored_blocks, pool.stats.evicted_blocks)
+        pre = sum(1 for s in self._running if s.state is State.PREFILL)
+        return EngineSnapshot(self.rows.rows, self.rows.free, len(self._running) - pre, pre, prefix)
+
+    def progress(self, seq_id: int) -> list[int] | None:
+        """Tokens generated so far by a running sequence (None once it is no longer running)."""
+        s = self._find(seq_id)
+        return s.generated if s is not None else None
+
+    def take_result(self, seq_id: int) -> Result | None:
+        """The result of a finished sequence, handed over once (None if it has not finished)."""
+        return self._finished.pop(seq_id, None)
+
+    def admit(self, req: Request) -> int:
+        """Admit a request: take a cache row and copy in any cached prefix of its prompt; the rest
+        is prefilled in chunks by the next steps.  Returns its id."""
+        self.check(req)
+        if not self.rows.free:
+            raise RuntimeError("no free batch slot; check has_capacity first")
+        seq_id = next(self._ids)
+        drafter = self.drafters[req.drafter]
+        gen, draft_gen = self._generators(req)
+        drafter.begin(seq_id, req.prompt, req.sampling, req.max_tokens, generator=draft_gen)
+        stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt),
+                             auto=req.num_draft == AUTO)
+        # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
+        seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter())
+        match = self.prefixes.match(req.prompt, bool(drafter.feature_layers))
+        if match is not None:
+            got = self.rows.copy_prefix(seq.row, self.prefixes.pool, match)
+            seq.blocks = list(match.blocks)
+            seq.prefilled = stats.cached_tokens = match.tokens
+            seq.prompt_feats = {layer: [got[layer]] for layer in drafter.feature_layers}
+        self._running.append(seq)
+        return seq_id
+
+    def _generators(self, req: Request) -> tuple[torch.Generator | None, torch.Generator | None]:
+        """A sampled request's two streams: verification's (seeded with the request's seed) and its
+        drafter's (the next seed), so drafting never shifts the verification draws; an unseeded
+        request takes a random seed.  Greedy: none."""
+        if req.sampling.greedy:
+            return None, None
+        seed = req.sampling.seed if req.sampling.seed is not None else int(torch.randint(2**62, (1,)))
+        dev = self.model.device
+        return torch.Generator(device=dev).manual_seed(seed), torch.Generator(device=dev).manual_seed(seed + 1)
+
+    def abort(self, seq_id: int) -> None:
+        """Drop a running sequence now (client gone); its slot is free for the next step."""
+        s = self._find(seq_id)
+        if s is not None:
+            s.finish("abort")
+            self._retire(s)
+            self._finished.pop(seq_id, None)
+
+    def reset(self) -> None:
+        """Drop every sequence, running or finished: drafters and the controller forget them, all
+        rows are free."""
+        for s in self._running:
+            self.drafters[s.request.drafter].end(s.seq_id)
+            self.controller.forget(s.seq_id)
+        self._running.clear()
+        self._finished.clear()
+        self.rows.release_all()
+
+    # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        """Advance every decoding sequence by one verification pass, and the prompts being
+        prefilled by one chunk each, as the budget allows.  Returns ids that finished."""
+        decoding = [s for s in self._running if s.state is State.DECODE]
+        prompts = [s for s in self._running if s.state is State.PREFILL]
+        if not decoding and not prompts:
+            return []
+        times, clock = StepTimes(), Clock()
+        # 1. plan: each decoding sequence as the controller sees it; 2. budgets (and probes), once
+        slots = [self._slot(s) for s in decoding]
+        plan = self.controller.plan(slots)
+        times.size_s += clock.lap()
+        # 3. propose: each drafter drafts a chain or a tree within its sequences' budgets
+        proposals = self._propose(decoding, plan, times)
+        clock.lap()
+        # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
+        predicted = self.controller.keep(slots, proposals, plan)
+        # 5. prompt chunks: as many prompt tokens as keep the step within the planner's budget
+        chunks = self._chunks(prompts, slots, proposals)
+        times.size_s += clock.lap()
+        # 6. layout: the ragged pass (pending tokens and kept nodes, then the chunks), built once
+        layout = self._layout(decoding, proposals, chunks)
+        # 7. pass: one target pass, on the governor's threads (threads change the speed, never the bits)
+        threads = self._set_threads()
+        clock.lap()
+        out = layout.run(self.model, self.rows.cache)
+        times.pass_s = clock.lap()
+        if not chunks:                 # the cost model's correction learns from decoding passes only
+            self.controller.observe_pass(threads, layout.decode_lengths, layout.decode_starts, times.pass_s)
+        # 8. verify: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+        outcomes = self._verify(decoding, proposals, layout, out)
+        times.verify_s = clock.lap()
+        # 9. commit: accepted tokens (a stop inside the run ends it there) and their KV entries;
+        #    the chunks' positions and prefix blocks, and a finished prompt's first token
+        feedback = self._commit_decoding(decoding, proposals, outcomes, layout, out)
+        feedback += self._commit_prompts(chunks, layout, out)
+        # 10. feed back: to the drafters, and the verified drafts to the controller
+        self._feed_back(feedback, slots, proposals, outcomes, plan)
+        times.commit_s = clock.lap()
+        # 11. report, and retire the finished
+        return self._finish_step(decoding, slots, chunks, layout, times, predicted, threads)
+
+    def _slot(self, s: Sequence) -> Slot:
+        depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
+        return Slot(s.seq_id, s.request.drafter, s.request.num_draft, self.rows.length(s.row), depth)
+
+    def _propose(self, decoding: list[Sequence], plan: StepPlan, times: StepTimes) -> dict[int, DraftProposal]:
+        """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
+        out: dict[int, DraftProposal] = {}
+        by_drafter: dict[str, list[Sequence]] = {}
+        for s in decoding:
+            by_drafter.setdefault(s.request.drafter, []).append(s)
+        vocab = self.target.config.vocab_size
+        for name, group in by_drafter.items():
+            reqs = [DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling,
+                                 max(0, s.request.max_tokens - len(s.generated) - 1)) for s in group]
+            t0 = time.perf_counter()
+            props = self.drafters[name].propose(reqs)
+            took = time.perf_counter() - t0
+            times.draft_s += took
+            self.controller.observe_draft(name, took, sum(1 for r in reqs if r.k > 0))
+            for s, r, prop in zip(group, reqs, props):
+                prop = prop.truncated(r.k, r.max_depth)
+                prop.check(vocab)
+                out[s.seq_id] = prop
+        return out
+
+    def _chunks(self, prompts: list[Sequence], slots: list[Slot],
+                proposals: dict[int, DraftProposal]) -> list[tuple[Sequence, int]]:
+        """(prompt, tokens) for each prompt this step's pass advances, in pass order."""
+        if not prompts:
+            return []
+        lengths = [len(proposals[x.seq_id]) + 1 for x in slots]
+        states = [PromptState(s.prefilled, len(s.request.prompt) - s.prefilled) for s in prompts]
+        plan = plan_chunks(self.policy, self.controller.cost, self.prompt_tokens_max, lengths,
+                           [x.context for x in slots], states)
+        return [(prompts[i], n) for i, n in plan]
+
+    def _layout(self, decoding: list[Sequence], proposals: dict[int, DraftProposal],
+                chunks: list[tuple[Sequence, int]]) -> PassLayout:
+        entries = [Entry(s.row, self.rows.length(s.row), s.tokens[-1], proposals[s.seq_id].tokens,
+                         proposals[s.seq_id].parent_list()) for s in decoding]
+        parts = [Chunk(s.row, s.prefilled, s.request.prompt[s.prefilled:s.prefilled + n],
+                       s.prefilled + n == len(s.request.prompt)) for s, n in chunks]
+        used = [self.drafters[s.request.drafter] for s in decoding + [s for s, _ in chunks]]
+        layers = {x for d in used for x in d.feature_layers} | set(self.prefixes.feature_layers if chunks else ())
+        return PassLayout.build(entries, parts, tuple(sorted(layers)))
+
+    def _set_threads(self) -> int:
+        n = self.controller.threads()
+        if n and n != self._threads_set:
+            self._threads_set = self.model.set_threads(n)
+        return n
+
+    def _verify(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], layout: PassLayout,
+                out: ForwardOutput) -> list[Outcome]:
+        rows = [Row(p.tokens, p.parents, p.probs, layout.offsets[i], s.request.sampling, s.generator)
+                for i, (s, p) in enumerate((s, proposals[s.seq_id]) for s in decoding)]
+        return verify_rows(rows, out.logits) if rows else []
+
+    def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal],
+                         outcomes: list[Outcome], layout: PassLayout, out: ForwardOutput) -> list[tuple[Drafter, Feedback]]:
+        """Keep each accepted path's KV entries and commit its tokens; the drafters' feedback."""
+        feedback = []
+        for i, (s, o) in enumerate(zip(decoding, outcomes)):
+            prop, at = proposals[s.seq_id], layout.offsets[i]
+            kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
+            self.rows.keep_path(s.row, kept)
+            s.stats.record_step(len(prop), max(prop.depths(), default=0), len(o.path))
+            drafter = self.drafters[s.request.drafter]
+            feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
+            argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
+                      if drafter.wants_predictions else None)
+            feedback.append((drafter, Feedback(s.seq_id, prop, o.path, o.tokens, feats, argmax)))
+            s.commit(o.tokens)
+        return feedback
+
+    def _commit_prompts(self, chunks: list[tuple[Sequence, int]], layout: PassLayout,
+                        out: ForwardOutput) -> list[tuple[Drafter, Feedback]]:
+        """Keep each chunk's positions (and store the prefix blocks it completed); a prompt whose last
+        chunk this was samples its first token and starts decoding.  Its drafter's feedback."""
+        feedback = []
+        for j, (s, n) in enumerate(chunks):
+            drafter = self.drafters[s.request.drafter]
+            at = layout.chunk_offset(j)
+            feats = {layer: f[at:at + n] for layer, f in out.features.items()}
+            for layer in drafter.feature_layers:
+                s.prompt_feats.setdefault(layer, []).append(feats[layer].clone())
+            start = s.prefilled
+            self.rows.extend(s.row, n)
+            s.prefilled += n
+            s.blocks = self.prefixes.store(s.blocks, s.tokens, self.rows.views(s.row), start, s.prefilled, feats)
+            s.stats.target_passes += 1
+            s.stats.prefill_passes += 1
+            if layout.first_token[j] is None:
+                continue
+            first = int(sample(out.logits[layout.first_token[j]], s.request.sampling, s.generator))
+            prompt_feats = {layer: torch.cat(fs) for layer, fs in s.prompt_feats.items()}
+            s.prompt_feats = {}
+            feedback.append((drafter, Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats)))
+            s.state = State.DECODE
+            s.commit([first])
+        return feedback
+
+    def _feed_back(self, feedback: list[tuple[Drafter, Feedback]], slots: list[Slot],
+                   proposals: dict[int, DraftProposal], outcomes: list[Outcome], plan: StepPlan) -> None:
+        for drafter, fb in feedback:
+            drafter.feedback(fb)
+        for slot, o in zip(slots, outcomes):
+            prop = proposals[slot.seq_id]
+            conf = sum(prop.confidence) if prop.confidence is not None else None
+            self.controller.learn(slot, len(prop), max(prop.depths(), default=0), len(o.path), conf, plan)
+
+    def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
+                     layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:
+        """Charge the step's times to its sequences, report it, retire the finished."""
+        for s in decoding:
+            times.charge(s.stats, decoding=True)
+            if predicted is not None:
+                s.stats.step_predicted_s.append(predicted)
+                s.stats.step_measured_s.append(times.pass_s)
+        for s, _ in chunks:
+            times.charge(s.stats, decoding=False)
+        self.last_step = StepReport(len(decoding), [n - 1 for n in layout.decode_lengths], [x.auto for x in slots],
+                                    predicted, times.pass_s, threads, sum(n for _, n in chunks), times.draft_s,
+                                    times.size_s, times.verify_s, times.commit_s)
+        done = [s for s in decoding + [s for s, _ in chunks] if s.state is State.FINISHED]
+        for s in done:
+            self._retire(s)
+        return [s.seq_id for s in done]
+
+    def _retire(self, s: Sequence) -> None:
+        if s.finish_reason != "abort" and s.prefilled == len(s.request.prompt):
+            valid = min(self.rows.length(s.row), len(s.tokens))    # positions cached for committed tokens
+            s.blocks = self.prefixes.store(s.blocks, s.tokens, self.rows.views(s.row), 0, valid, None)
+        self.controller.forget(s.seq_id)
+        s.stats.generated_tokens = len(s.generated)
+        s.stats.total_s = time.perf_counter() - s.arrival
+        self.drafters[s.request.drafter].end(s.seq_id)
+        self._running.remove(s)
+        self.rows.release(s.row)
+        self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)
+
+    def _find(self, seq_id: int) -> Sequence | None:
+        return next((s for s in self._running if s.seq_id == seq_id), None)
+
+    # ------------------------------------------------------------------ convenience
+    def generate(self, requests: list[Request]) -> list[Result]:
+        """Run requests to completion, batching up to max_batch at a time; results in order."""
+        for r in requests:
+            self.check(r)
+        waiting = list(enumerate(requests))
+        ids: dict[int, int] = {}
+        while waiting or self._running:
+            while waiting and self.has_capacity:
+                i, r = waiting.pop(0)
+                ids[i] = self.admit(r)
+            self.step()
+        return [self._finished.pop(ids[i]) for i in range(len(requests))]

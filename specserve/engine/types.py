@@ -1,0 +1,149 @@
+"""The engine's types: a request, its result, a sequence with an explicit state, a step's report."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from specserve.sampling import SamplingParams
+from specserve.stats import RequestStats
+
+MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    drafter: str = "none"
+    num_draft: int | str = 0           # draft length (tree drafters: node budget), or "auto": the controller's
+    eos_ids: frozenset[int] = frozenset()
+    stop_fn: Callable[[list[int]], bool] | None = None   # True when generated tokens hit a stop string
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    finish_reason: str            # "stop" (EOS or stop string), "length" or "abort"
+    stats: RequestStats
+
+
+class State(enum.Enum):
+    PREFILL = "prefill"           # its prompt is entering the cache, chunk by chunk; it drafts nothing
+    DECODE = "decode"             # tokens[-1] is pending: generated, not yet fed to the target
+    FINISHED = "finished"         # finish_reason is set; retired at the end of the step
+
+
+@dataclass
+class Sequence:
+    """A running request.  Its fields are written by the engine only."""
+    seq_id: int
+    request: Request
+    row: int                      # its row of the target's KV cache (lengths: the row table's)
+    tokens: list[int]             # prompt + generated; in DECODE, tokens[-1] is pending
+    generator: torch.Generator | None          # verification's randomness (None: greedy)
+    draft_generator: torch.Generator | None    # its drafter's (None: greedy)
+    stats: RequestStats
+    arrival: float
+    state: State = State.PREFILL
+    finish_reason: str | None = None
+    prefilled: int = 0            # prompt positions in the cache (the whole prompt once decoding)
+    prompt_feats: dict[int, list[Tensor]] = field(default_factory=dict)   # the drafter's, until the prompt ends
+    blocks: list | None = field(default_factory=list)    # its chain in the prefix cache (None: broken)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.request.prompt):]
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason, self.state = reason, State.FINISHED
+
+    def commit(self, new: list[int]) -> None:
+        """Append tokens one at a time, stopping exactly where plain decoding would: at an EOS id,
+        a stop string, or ``max_tokens``."""
+        req = self.request
+        for tok in new:
+            self.tokens.append(tok)
+            self.stats.token_times.append(time.perf_counter() - self.arrival)
+            if len(self.generated) == 1:
+                self.stats.ttft_s = self.stats.token_times[-1]
+            if tok in req.eos_ids or (req.stop_fn is not None and req.stop_fn(self.generated)):
+                self.finish("stop")
+            elif len(self.generated) >= req.max_tokens:
+                self.finish("length")
+            if self.finish_reason is not None:
+                break
+
+
+class Clock:
+    """Seconds since the last lap."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        took, self.t = now - self.t, now
+        return took
+
+
+@dataclass
+class StepTimes:
+    """Seconds of one step by phase; a sequence's stats add those of the steps it took part in."""
+    draft_s: float = 0.0          # drafters' propose calls, nothing else
+    size_s: float = 0.0           # the controller: budgets, keeping nodes
+    pass_s: float = 0.0           # the target pass
+    verify_s: float = 0.0         # verification of the pass's logits, after the pass
+    commit_s: float = 0.0         # commit, KV compaction, feedback to drafters and controller
+
+    def charge(self, stats: RequestStats, decoding: bool) -> None:
+        """Add this step to a sequence's stats (a prompt chunk: only the pass it rode in)."""
+        stats.pass_s += self.pass_s
+        if decoding:
+            stats.draft_s += self.draft_s
+            stats.size_s += self.size_s
+            stats.verify_s += self.verify_s
+            stats.commit_s += self.commit_s
+
+
+@dataclass
+class StepReport:
+    """What one step did, for metrics: the controller's prediction against the measured pass."""
+    sequences: int
+    nodes: list[int]              # nodes verified per sequence
+    auto: list[bool]              # whether each sequence's draft size was chosen by the controller
+    predicted_s: float | None     # the cost model's prediction for the pass (None: no auto request)
+    pass_s: float                 # the target pass, measured
+    threads: int = 0              # compute threads of the pass (0: the runtime cannot switch)
+    prefill_tokens: int = 0       # prompt tokens the pass carried (chunked prefill)
+    draft_s: float = 0.0          # drafters' propose calls
+    size_s: float = 0.0           # the controller (budgets, keeping nodes)
+    verify_s: float = 0.0         # verification, after the pass
+    commit_s: float = 0.0         # commit, KV compaction, feedback
+
+
+@dataclass(frozen=True)
+class PrefixSnapshot:
+    used_bytes: int
+    capacity_bytes: int
+    blocks: int
+    hit_tokens: int
+    miss_tokens: int
+    stored_blocks: int
+    evicted_blocks: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state for a server's gauges and counters, taken between steps."""
+    rows: int                     # KV rows (the most sequences at once)
+    free_rows: int
+    running: int                  # sequences decoding
+    prefilling: int               # sequences whose prompt is still being prefilled
+    prefix: PrefixSnapshot | None = None   # the prefix pool's (None: no pool)

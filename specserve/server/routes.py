@@ -1,0 +1,116 @@
+"""The endpoints: /health, /metrics, /v1/models, /v1/completions and /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from specserve.engine import Result
+from specserve.errors import SpecserveError
+from specserve.llm import LLM
+from specserve.sampling import SamplingParams
+from specserve.scheduler import ErrorKind, Handle, QueueFull, RequestError, Scheduler
+from specserve.server.errors import API_PARAM, error, request_error
+from specserve.server.metrics import Metrics
+from specserve.server.schemas import ChatRequest, CompletionRequest
+from specserve.server.streaming import Reply, TextStream, sse
+
+
+@dataclass(frozen=True)
+class Service:
+    """What the endpoints share: the model, the scheduler, the metrics and the server's settings."""
+    llm: LLM
+    scheduler: Scheduler
+    metrics: Metrics
+    model_name: str
+    default_drafter: str = "none"
+    request_timeout_s: float = 600.0
+    default_max_tokens: int = 256
+
+
+def add_routes(app: FastAPI, svc: Service) -> None:
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "running": svc.scheduler.num_running, "waiting": svc.scheduler.num_waiting}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": svc.model_name, "object": "model", "created": 0,
+                                            "owned_by": "specserve"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        try:
+            ids = svc.llm.encode(body.prompt, raw=True)
+        except SpecserveError as e:
+            return error(400, str(e), "prompt")
+        return await serve(svc, body, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        try:
+            ids = svc.llm.encode([m.model_dump() for m in body.messages])
+        except SpecserveError as e:
+            return error(400, str(e), "messages")
+        except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's input
+            return error(400, f"chat template rejected the messages: {e}", "messages")
+        return await serve(svc, body, ids, chat=True)
+
+
+async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], chat: bool):
+    """Queue the request and answer it: one completion document, or a stream of events."""
+    if body.model != svc.model_name:
+        return error(404, f"model {body.model!r} not found; this server serves {svc.model_name!r}", "model",
+                     type_="not_found_error")
+    handle = submit(svc, body, prompt_ids)
+    if isinstance(handle, JSONResponse):
+        return handle
+    reply = Reply(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), svc.model_name,
+                  chat, len(prompt_ids))
+    stream = TextStream(svc.llm, body.stops())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage),
+                                 media_type="text/event-stream")
+    outcome = await wait(svc.scheduler, handle)
+    if isinstance(outcome, RequestError):
+        return request_error(outcome)
+    return reply.completion(stream.feed(outcome.tokens, final=True), outcome)
+
+
+def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int]) -> Handle | JSONResponse:
+    """The engine request of a body, queued; a 400 naming the field it cannot serve, or a 429 if full."""
+    spec = body.speculative
+    drafter = spec.drafter if spec and spec.drafter else svc.default_drafter
+    k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
+    max_tokens = body.max_completion_tokens or body.max_tokens or svc.default_max_tokens
+    seed = body.seed % (2**63) if body.seed is not None else None
+    try:
+        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed)
+        req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops())
+        return svc.scheduler.submit(req, svc.request_timeout_s, asyncio.get_running_loop())
+    except SpecserveError as e:
+        return error(400, str(e), API_PARAM.get(e.param, e.param))
+    except QueueFull:
+        return request_error(RequestError(ErrorKind.QUEUE_FULL, "server busy: waiting queue is full; retry later"))
+
+
+async def wait(scheduler: Scheduler, handle: Handle) -> Result | RequestError:
+    """The request's result or error; a client that goes away first cancels it."""
+    try:
+        while True:
+            kind, payload = await handle.events.get()
+            if kind != "tokens":
+                return payload
+    except asyncio.CancelledError:
+        scheduler.cancel(handle)
+        raise

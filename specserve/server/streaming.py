@@ -1,0 +1,124 @@
+"""Response bodies: incremental detokenisation, the completion and chunk documents, and the
+server-sent events of a streamed request."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from specserve.engine import Result
+from specserve.llm import LLM, trim_at_stop
+from specserve.scheduler import Handle, Scheduler
+from specserve.server.errors import error_event
+
+
+class TextStream:
+    """Incremental detokenisation that never emits text it may have to take back (a partial stop
+    string, or an incomplete UTF-8 character)."""
+
+    def __init__(self, llm: LLM, stops: list[str]):
+        self.llm, self.stops, self.tokens, self.sent = llm, stops, [], 0
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def feed(self, tokens: list[int], final: bool) -> str:
+        self.tokens += tokens
+        text = self.llm.tokenizer.decode(self.tokens)
+        if self.stops:
+            text = trim_at_stop(text, self.stops)
+        if not final:
+            text = text.rstrip("\ufffd")
+            text = text[: max(len(text) - self.hold, self.sent)] if self.hold else text
+        delta, self.sent = text[self.sent:], max(self.sent, len(text))
+        return delta
+
+
+def usage_of(n_prompt: int, result: Result) -> dict:
+    """OpenAI's ``usage`` of a finished request (prompt tokens reused from the prefix cache included)."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
+            "total_tokens": n_prompt + len(result.tokens),
+            "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+
+
+def spec_stats(s) -> dict:
+    """The ``speculative_stats`` extension of a response: what speculation did for the request."""
+    return {"drafter": s.drafter, "synthetic": s.synthetic, "mean_accepted_length": s.mean_accepted_length,
+            "drafted_per_depth": s.drafted_per_depth, "accepted_per_depth": s.accepted_per_depth,
+            "mean_nodes_per_step": s.mean_nodes_per_step, "target_passes": s.target_passes}
+
+
+def finish_reason(result: Result) -> str:
+    return "stop" if result.finish_reason == "stop" else "length"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The documents of one response: a completion, or the chunks of its stream."""
+    id: str
+    created: int
+    model: str
+    chat: bool
+    n_prompt: int
+
+    def completion(self, text: str, result: Result) -> dict:
+        finish = finish_reason(result)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice],
+                "usage": usage_of(self.n_prompt, result), "speculative_stats": spec_stats(result.stats)}
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def chunk(self, delta: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> str:
+        """One event: a text delta (chat: the role first), or the finish reason."""
+        if self.chat:
+            d = ({"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {}))
+            choice = {"index": 0, "delta": d, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        doc = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if extra:
+            doc.update(extra)
+        return event(doc)
+
+    def usage_chunk(self, result: Result) -> str:
+        """``stream_options.include_usage``: a last event with no choices and the usage."""
+        return event({"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+                      "choices": [], "usage": usage_of(self.n_prompt, result)})
+
+
+def event(doc: dict) -> str:
+    return f"data: {json.dumps(doc)}\n\n"
+
+
+async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply,
+              include_usage: bool) -> AsyncIterator[str]:
+    """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it."""
+    try:
+        if reply.chat:
+            yield reply.chunk(None, None, first=True)
+        while True:
+            kind, payload = await handle.events.get()
+            if kind == "tokens":
+                delta = stream.feed(payload, final=False)
+                if delta:
+                    yield reply.chunk(delta, None)
+            elif kind == "error":
+                yield event(error_event(payload))
+                break
+            else:
+                delta = stream.feed([], final=True)
+                if delta:
+                    yield reply.chunk(delta, None)
+                yield reply.chunk(None, finish_reason(payload), extra={"speculative_stats": spec_stats(payload.stats)})
+                if include_usage:
+                    yield reply.usage_chunk(payload)
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        if not handle.finished:      # client went away mid-stream
+            scheduler.cancel(handle)
