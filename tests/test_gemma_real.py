@@ -144,7 +144,7 @@ def test_a_draft_with_another_tokenizer_proposes_one_hot_under_sampling(llm, pro
     d = create("draft-model", llm.target, model="default")
     d.bind(1, 1024)
     hot = SamplingParams(temperature=0.8, seed=1)
-    d.begin(0, prompts[1], hot, 8)
+    d.begin(0, prompts[1], hot, 8, generator=torch.Generator().manual_seed(1))
     props = [d.propose([DraftRequest(0, list(prompts[1]) + ref[:n], 4, hot, 8)])[0]
              for ref in [plain_tokens(llm, prompts[1])] for n in range(0, 12, 3)]
     assert all(p.probs is None and len(p) <= 4 for p in props) and any(len(p) for p in props)
