@@ -116,6 +116,10 @@ def _serve_parser(v: argparse.ArgumentParser) -> None:
     v.add_argument("--prefix-cache-mb", type=float, default=1024, help="memory for reusing the KV of earlier "
                    "prompts' prefixes (least recently used blocks are evicted)")
     v.add_argument("--no-prefix-cache", action="store_true", help="never reuse earlier prompts' KV")
+    v.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (repeatable; also "
+                   "SPECSERVE_API_KEY, comma-separated); /health stays open")
+    v.add_argument("--metrics-public", action="store_true", help="serve /metrics without a key")
 
 
 def _bench_parser(b: argparse.ArgumentParser) -> None:
@@ -276,12 +280,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specserve.llm import LLM
     from specserve.models.loader import resolve_model_path
     from specserve.server.app import create_app
+    from specserve.server.auth import api_keys
 
     specs = _drafter_specs(args)
     if not 1 <= args.port <= 65535:
         raise SpecserveError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_batch < 1 or args.max_waiting < 0:
         raise SpecserveError("--max-batch must be >= 1 and --max-waiting >= 0")
+    keys = api_keys(args.api_key)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        print(f"specserve: warning: listening on {args.host} without --api-key: anyone who can reach the port "
+              "can generate", file=sys.stderr)
     path = resolve_model_path(args.model)
     prefill = PrefillPolicy(None if args.no_chunked_prefill else args.prefill_chunk, args.prefill_stall,
                             0.0 if args.no_prefix_cache else args.prefix_cache_mb)
@@ -290,7 +299,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               preload=True, prefill=prefill)
     name = args.served_model_name or ("default" if args.model == "default" else path)
     app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
-                     request_timeout_s=args.request_timeout)
+                     request_timeout_s=args.request_timeout, api_keys=keys, metrics_public=args.metrics_public)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -27,6 +27,8 @@ CLI = [sys.executable, "-m", "specserve.cli"]
     (["generate"], "required"),
     (["generate", "--prompt", "hi", "--drafter", "eagle:head=/no/such/head"], "no head at"),
     (["generate", "--prompt", "hi", "--drafter", "eagle:topk=0"], "topk must be >= 1"),
+    (["serve", "--api-key", ""], "--api-key must not be empty"),
+    (["serve", "--api-key", "two words"], "must not contain whitespace"),
     (["train", "eagle"], "required"),
     (["train", "eagle", "--out", "/tmp/x", "--features", "bogus"], "--features takes last, fused or layer numbers"),
     (["train", "eagle", "--out", "/tmp/x", "--features", "99"], "--features layers must lie in 0..30"),

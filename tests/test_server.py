@@ -73,6 +73,24 @@ def server(llm):
     s.close()
 
 
+def test_api_key_with_the_openai_client(llm):
+    """With keys set, the openai client works with one of them and gets a 401 without; /health
+    stays open; /metrics needs the key."""
+    import openai
+    s = Server(llm, default_drafter="ngram", api_keys=("sk-alpha", "sk-beta"))
+    try:
+        good = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-beta", max_retries=0)
+        r = good.completions.create(model="default", prompt="The capital of France is", max_tokens=4, temperature=0)
+        assert r.choices[0].text and r.usage.completion_tokens == 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/metrics").status_code == 401
+        assert httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-alpha"}).status_code == 200
+    finally:
+        s.close()
+
+
 def test_openai_client_completions_and_chat(server, llm):
     import openai
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")

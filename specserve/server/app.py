@@ -3,7 +3,7 @@
 Every bad input gets a 4xx with an OpenAI-style error body naming the field; nothing here may turn
 a client's mistake into a 500 or affect other requests.  The parts: ``routes`` (the endpoints),
 ``streaming`` (response documents and server-sent events), ``errors`` (error bodies, the table from
-a failed request's kind to its status, exception handlers), ``limits`` (the body-size middleware),
+a failed request's kind to its status, exception handlers), ``limits`` (the body-size middleware), ``auth`` (API keys),
 ``gauges`` (read from the scheduler and the engine's snapshot), ``metrics`` and ``schemas``.
 """
 
@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from specserve.llm import LLM
 from specserve.scheduler import Scheduler
 from specserve.server import gauges
+from specserve.server.auth import install_auth
 from specserve.server.errors import install_error_handlers
 from specserve.server.limits import install_body_limit
 from specserve.server.metrics import Metrics
@@ -24,9 +25,10 @@ from specserve.server.routes import Service, add_routes
 
 def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_waiting: int = 64,
                request_timeout_s: float = 600.0, max_body_bytes: int = 4 * 2**20,
-               default_max_tokens: int = 256) -> FastAPI:
+               default_max_tokens: int = 256, api_keys: tuple[str, ...] = (), metrics_public: bool = False) -> FastAPI:
     """The app around ``llm``'s engine; its scheduler thread runs for the app's lifespan (the
-    engine calibrated its cost model when it was built)."""
+    engine calibrated its cost model when it was built).  ``api_keys``: required as bearer tokens
+    on ``/v1`` (and ``/metrics`` unless ``metrics_public``); none: no authentication."""
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
     metrics.gauges = lambda: gauges.gauges(scheduler)
@@ -41,6 +43,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
     app = FastAPI(title="specserve", version="0.1.0", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.llm = scheduler, metrics, llm
     install_body_limit(app, max_body_bytes)
+    install_auth(app, tuple(api_keys), metrics_public)
     install_error_handlers(app)
     add_routes(app, Service(llm, scheduler, metrics, model_name, default_drafter, request_timeout_s,
                             default_max_tokens))
