@@ -46,7 +46,7 @@ def replay(drafter: Drafter, prompt: list[int], continuation: list[int], k: int,
         prop = drafter.propose([req])[0].truncated(req.k, depth)
         path = accepted_path(prop, continuation[done:])
         emitted = continuation[done: done + len(path) + 1]
-        stats.record_step(len(prop), max(prop.depths(), default=0), len(path))
+        stats.record_step(len(prop), prop.depth, len(path))
         drafter.feedback(Feedback(seq_id, prop, path, emitted))
         tokens += emitted
     drafter.end(seq_id)

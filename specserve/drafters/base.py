@@ -118,9 +118,14 @@ class DraftProposal:
             out.append(1 if p < 0 else out[p] + 1)
         return out
 
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth (0 for an empty proposal; a chain of k tokens: k)."""
+        return max(self.depths(), default=0)
+
     def truncated(self, k: int, max_depth: int) -> "DraftProposal":
         """The first k nodes that lie within ``max_depth`` and whose ancestors are all kept."""
-        if len(self) <= k and (not self.tokens or max(self.depths()) <= max_depth):
+        if len(self) <= k and self.depth <= max_depth:
             return self
         parents, depths = self.parent_list(), self.depths()
         keep: list[int] = []

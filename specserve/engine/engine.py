@@ -140,7 +140,7 @@ class Engine:
         """Admit a request: take a cache row and copy in any cached prefix of its prompt; the rest
         is prefilled in chunks by the next steps.  Returns its id."""
         self.check(req)
-        if not self.rows.free:
+        if not self.rows.free:                # before the drafter's begin: nothing to undo
             raise RuntimeError("no free batch slot; check has_capacity first")
         seq_id = next(self._ids)
         drafter = self.drafters[req.drafter]
@@ -202,7 +202,7 @@ class Engine:
         plan = self.controller.plan(slots)
         times.size_s += clock.lap()
         # 3. propose: each drafter drafts a chain or a tree within its sequences' budgets
-        proposals = self._propose(decoding, plan, times)
+        proposals = self._propose(decoding, slots, plan, times)
         clock.lap()
         # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
         predicted = self.controller.keep(slots, proposals, plan)
@@ -235,16 +235,18 @@ class Engine:
         depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
         return Slot(s.seq_id, s.request.drafter, s.request.num_draft, self.rows.length(s.row), depth)
 
-    def _propose(self, decoding: list[Sequence], plan: StepPlan, times: StepTimes) -> dict[int, DraftProposal]:
+    def _propose(self, decoding: list[Sequence], slots: list[Slot], plan: StepPlan,
+                 times: StepTimes) -> dict[int, DraftProposal]:
         """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
         out: dict[int, DraftProposal] = {}
-        by_drafter: dict[str, list[Sequence]] = {}
-        for s in decoding:
-            by_drafter.setdefault(s.request.drafter, []).append(s)
+        by_drafter: dict[str, list[tuple[Sequence, Slot]]] = {}
+        for s, slot in zip(decoding, slots):
+            by_drafter.setdefault(s.request.drafter, []).append((s, slot))
         vocab = self.target.config.vocab_size
-        for name, group in by_drafter.items():
-            reqs = [DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling,
-                                 max(0, s.request.max_tokens - len(s.generated) - 1)) for s in group]
+        for name, pairs in by_drafter.items():
+            group = [s for s, _ in pairs]
+            reqs = [DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth)
+                    for s, slot in pairs]
             t0 = time.perf_counter()
             props = self.drafters[name].propose(reqs)
             took = time.perf_counter() - t0
@@ -297,7 +299,7 @@ class Engine:
             prop, at = proposals[s.seq_id], layout.offsets[i]
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.rows.keep_path(s.row, kept)
-            s.stats.record_step(len(prop), max(prop.depths(), default=0), len(o.path))
+            s.stats.record_step(len(prop), prop.depth, len(o.path))
             drafter = self.drafters[s.request.drafter]
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
@@ -340,7 +342,7 @@ class Engine:
         for slot, o in zip(slots, outcomes):
             prop = proposals[slot.seq_id]
             conf = sum(prop.confidence) if prop.confidence is not None else None
-            self.controller.learn(slot, len(prop), max(prop.depths(), default=0), len(o.path), conf, plan)
+            self.controller.learn(slot, len(prop), prop.depth, len(o.path), conf, plan)
 
     def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
                      layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:
