@@ -1,4 +1,5 @@
-"""Command line: ``specserve generate``, ``serve``, ``bench``, ``profile`` and ``train``.
+"""Command line: ``specserve generate``, ``serve`` (its flags and command: ``specserve.server.command``),
+``bench``, ``profile`` and ``train``.
 
 Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
 options, defaults and default draft lengths come from the registry, never from this file.
@@ -12,74 +13,19 @@ import os
 import sys
 from pathlib import Path
 
+from specserve.cli_args import Parser, drafter_specs, engine_args, model_arg, runtime_args, runtime_options, sampling_args
 from specserve.errors import SpecserveError
+from specserve.server.command import add_serve_args
 
 
 DEFAULT_METHODS = "none,ngram:k=4,oracle:alpha=0.8:k=4"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        raise SpecserveError(message)
-
-
-def drafter_help() -> str:
-    """Every registered drafter with its options and defaults, for --help."""
-    from specserve.drafters import available, drafter_class
-
-    parts = []
-    for name in available():
-        cls = drafter_class(name)
-        opts = ", ".join(f"{o.name}={'REQUIRED' if o.required else o.default}" for o in cls.options)
-        kind = "tree, k = node budget" if cls.tree else "chain"
-        parts.append(f"{name} ({kind}; auto chooses k <= {cls.max_auto_draft}{'; ' + opts if opts else ''})")
-    return "; ".join(parts)
-
-
-MODEL_HELP = "'default', 'gemma3-270m', a Hugging Face model directory, or a .gguf file"
-
-
-def _model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help=MODEL_HELP)
-
-
-def _runtime_args(p: argparse.ArgumentParser) -> None:
-    """How the target runs: dtype, device, kernels, attention, activations (``RuntimeOptions``)."""
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="activation dtype (float32 keeps greedy identity by construction on CPU)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--kernels", default="auto", help="auto, native, fbgemm or torch (auto: native when this CPU and compiler allow)")
-    p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
-    p.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels; auto: int8 over GGUF "
-                   "blocks, f32 over float weights)")
-
-
-def _engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
-    """The model, its runtime, the drafter(s) and the context length: generate's and serve's."""
-    _model_arg(p)
-    p.add_argument("--drafter", default=None, action="append" if many else "store",
-                   help="drafter spec name[:option=value]... (default ngram"
-                        + ("; repeatable, the first is the default for requests" if many else "") + "). "
-                        + "Drafters: " + drafter_help().replace("%", "%%"))
-    p.add_argument("--num-draft", default=None,
-                   help="draft length k per step (tree drafters: node budget), or 'auto' (the default): the "
-                        "engine chooses it every step, down to 0, from measured costs and acceptance")
-    _runtime_args(p)
-    p.add_argument("--max-len", type=int, default=4096, help="context length the engine allocates for")
-
-
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples exactly the target's distribution")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the sampler (default: a fresh one)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specserve", description="Exact speculative decoding for Llama-family models.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="specserve", description="Exact speculative decoding for Llama-family models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _generate_parser(sub.add_parser("generate", help="generate text for one prompt"))
-    _serve_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
+    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
     _bench_parser(sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts"))
     _profile_parser(sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, "
                                                    "overhead)"))
@@ -89,41 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate_parser(g: argparse.ArgumentParser) -> None:
-    _engine_args(g)
+    engine_args(g)
     g.add_argument("--prompt", required=True, help="the user message (chat template applied unless --raw)")
     g.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     g.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
-    _sampling_args(g)
+    sampling_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and print the speed-up")
 
 
-def _serve_parser(v: argparse.ArgumentParser) -> None:
-    _engine_args(v, many=True)
-    v.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    v.add_argument("--port", type=int, default=8000, help="port to listen on")
-    v.add_argument("--max-batch", type=int, default=16, help="sequences in the running batch (KV rows)")
-    v.add_argument("--max-waiting", type=int, default=64, help="waiting-queue bound; beyond it: 429")
-    v.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request gets a 504")
-    v.add_argument("--served-model-name", default=None, help="the model name clients send (default: 'default' or the path)")
-    v.add_argument("--prefill-chunk", type=int, default=256, help="most prompt tokens one engine step takes "
-                   "(a multiple of 16); prompts enter the running batch in chunks")
-    v.add_argument("--no-chunked-prefill", action="store_true", help="prefill every prompt whole, in one step "
-                   "(running streams wait for it)")
-    v.add_argument("--prefill-stall", type=float, default=5.0, help="while streams run, a step with prompt chunks "
-                   "is sized to take at most this many times a decoding step of the whole batch")
-    v.add_argument("--prefix-cache-mb", type=float, default=1024, help="memory for reusing the KV of earlier "
-                   "prompts' prefixes (least recently used blocks are evicted)")
-    v.add_argument("--no-prefix-cache", action="store_true", help="never reuse earlier prompts' KV")
-    v.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (repeatable; also "
-                   "SPECSERVE_API_KEY, comma-separated); /health stays open")
-    v.add_argument("--metrics-public", action="store_true", help="serve /metrics without a key")
-
-
 def _bench_parser(b: argparse.ArgumentParser) -> None:
-    _model_arg(b)
+    model_arg(b)
     b.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated drafter specs name[:option=value]... (k = draft length or node budget); "
                         "plain decoding always runs")
@@ -150,11 +73,11 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--system-prompt", default=None, help="with --endpoint: a text file sent as the system message "
                    "of every request (a shared prefix)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
-    _runtime_args(b)
+    runtime_args(b)
 
 
 def _profile_parser(f: argparse.ArgumentParser) -> None:
-    _model_arg(f)
+    model_arg(f)
     f.add_argument("--runtimes", default="auto", help="comma-separated kernels[:activations] settings to compare, "
                    "e.g. fbgemm,native,native:f32")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
@@ -164,12 +87,6 @@ def _profile_parser(f: argparse.ArgumentParser) -> None:
     f.add_argument("--cost-batches", default="", help="also measure the cost curve (passes of --tokens per row) "
                    "at these batch sizes, e.g. 1,4,16")
     f.add_argument("--json", default=None, help="also write the rows to this JSON file")
-
-
-def _runtime(args: argparse.Namespace):
-    """The ``RuntimeOptions`` the runtime flags name."""
-    from specserve.models.loader import RuntimeOptions
-    return RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -216,7 +133,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods != DEFAULT_METHODS else []
         print(render_endpoint_report(run_endpoint_bench(cfg, args.endpoint, args.endpoint_model, methods)))
         return 0
-    doc = run_bench(cfg, _runtime(args))
+    doc = run_bench(cfg, runtime_options(args))
     print(render_report(doc))
     return 0
 
@@ -260,50 +177,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drafter_specs(args: argparse.Namespace) -> list:
-    """The drafter specs the command line names (parsed and checked: no model is loaded yet)."""
-    from specserve.drafters import DrafterSpec
-    from specserve.drafters.registry import parse_num_draft
-
-    texts = args.drafter if isinstance(args.drafter, list) else [args.drafter or "ngram"]
-    specs = [DrafterSpec.parse(t) for t in (texts or ["ngram"])]
-    if args.num_draft is not None:
-        k = parse_num_draft(args.num_draft, "--num-draft")
-        specs[0] = DrafterSpec(specs[0].name, specs[0].options, k, specs[0].text)
-    return specs
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from specserve.control import PrefillPolicy
-    from specserve.llm import LLM
-    from specserve.models.loader import resolve_model_path
-    from specserve.server.app import create_app
-    from specserve.server.auth import api_keys
-
-    specs = _drafter_specs(args)
-    if not 1 <= args.port <= 65535:
-        raise SpecserveError(f"--port must be in [1, 65535], got {args.port}")
-    if args.max_batch < 1 or args.max_waiting < 0:
-        raise SpecserveError("--max-batch must be >= 1 and --max-waiting >= 0")
-    keys = api_keys(args.api_key)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
-        print(f"specserve: warning: listening on {args.host} without --api-key: anyone who can reach the port "
-              "can generate", file=sys.stderr)
-    path = resolve_model_path(args.model)
-    prefill = PrefillPolicy(None if args.no_chunked_prefill else args.prefill_chunk, args.prefill_stall,
-                            0.0 if args.no_prefix_cache else args.prefix_cache_mb)
-    prefill.check()
-    llm = LLM(args.model, _runtime(args), drafters=specs, max_batch=args.max_batch, max_len=args.max_len,
-              preload=True, prefill=prefill)
-    name = args.served_model_name or ("default" if args.model == "default" else path)
-    app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
-                     request_timeout_s=args.request_timeout, api_keys=keys, metrics_public=args.metrics_public)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from specserve.llm import LLM
     from specserve.models.loader import resolve_model_path
@@ -315,9 +188,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise SpecserveError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    spec = _drafter_specs(args)[0]
+    spec = drafter_specs(args)[0]
     resolve_model_path(args.model)
-    llm = LLM(args.model, _runtime(args), drafters=[spec], max_batch=1, max_len=args.max_len)
+    llm = LLM(args.model, runtime_options(args), drafters=[spec], max_batch=1, max_len=args.max_len)
     prompt_ids = llm.encode(args.prompt, raw=args.raw)
     num_draft = spec.k
 
@@ -364,6 +237,11 @@ def _print_generated(spec, out, plain) -> None:
         same = "identical output" if plain.token_ids == out.token_ids else "OUTPUT DIFFERS"
         print(f"[plain decoding] {ps['generated_tokens']} tokens at {ps['tokens_per_second']:.1f} tok/s; "
               f"speed-up {s['tokens_per_second'] / ps['tokens_per_second']:.2f}x; {same}", file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from specserve.server.command import cmd_serve as run
+    return run(args)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

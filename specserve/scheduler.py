@@ -11,8 +11,11 @@ thread (``tick``):
    and its result when it finishes, to the request's handle.
 
 A request that fails ends with a ``RequestError`` whose ``kind`` says why (``ErrorKind``); the
-server maps kinds to HTTP statuses, and metrics count them as outcomes.  An exception inside the
-engine fails the requests in flight (kind ``internal``), resets the engine, and the thread serves on.
+server maps kinds to HTTP statuses, and metrics count them as outcomes.  A drafter's exception
+costs nobody an answer (the engine falls back to plain decoding for that sequence); a failed target
+pass (``PassFailed``) fails the requests of that pass (kind ``internal``, the message naming the
+error) and the others go on; any other exception inside the engine fails every request in flight,
+resets the engine, and the thread serves on.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from specserve.engine import Engine, EngineSnapshot, Request, Result
+from specserve.engine.faults import PassFailed
 from specserve.errors import SpecserveError
 
 SWITCH_INTERVAL_S = 0.0002
@@ -38,11 +42,13 @@ class ErrorKind(enum.Enum):
     TIMEOUT = "timeout"           # past its deadline, waiting or running
     QUEUE_FULL = "queue_full"     # the waiting queue was at its bound (``submit`` raises QueueFull)
     INTERNAL = "internal"         # the engine failed while the request was in flight
+    SHUTDOWN = "shutdown"         # the server is shutting down (refused, or unfinished at its deadline)
 
 
 # the metrics' outcome label of each kind (the names /metrics has always used)
 OUTCOME = {ErrorKind.REJECTED: "rejected", ErrorKind.CANCELLED: "cancelled", ErrorKind.TIMEOUT: "timeout",
-           ErrorKind.QUEUE_FULL: "rejected_queue_full", ErrorKind.INTERNAL: "error"}
+           ErrorKind.QUEUE_FULL: "rejected_queue_full", ErrorKind.INTERNAL: "error",
+           ErrorKind.SHUTDOWN: "shutdown"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class Scheduler:
         self.snapshot: EngineSnapshot = engine.snapshot()     # retaken by the engine thread after each tick
         self._wake = threading.Condition()
         self._stop = False
+        self._shutdown: str | None = None     # set by ``shutdown``: fail everything at the next tick
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
 
     def start(self) -> None:
@@ -111,6 +118,18 @@ class Scheduler:
             self._stop = True
             self._wake.notify()
         self._thread.join(timeout=30)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing waiting."""
+        return not self.active and not self.waiting
+
+    def shutdown(self, message: str = "server shutting down") -> None:
+        """End every running and waiting request with kind ``shutdown``: the engine thread does it at
+        its next tick (``tick`` runs it first), so no step races it."""
+        with self._wake:
+            self._shutdown = message
+            self._wake.notify()
 
     @property
     def num_waiting(self) -> int:
@@ -152,13 +171,22 @@ class Scheduler:
             self.tick()
 
     def tick(self) -> None:
-        """One round of the engine thread (tests call it directly, without the thread).  An engine
-        exception fails what was in flight with kind ``internal`` and resets the engine."""
+        """One round of the engine thread (tests call it directly, without the thread).  A failed
+        pass fails its requests; any other engine exception fails all in flight and resets the engine."""
         try:
+            if self._shutdown is not None:
+                self._end_all(RequestError(ErrorKind.SHUTDOWN, self._shutdown))
             self._expire_all(time.perf_counter())
             self._admit()
             self._step()
             # 4. the snapshot first: a client that reads /metrics after its answer sees the step behind it
+            self.snapshot = self.engine.snapshot()
+            for h in list(self.active.values()):
+                self._publish(h)
+        except PassFailed as e:          # the engine dropped the pass's sequences; the rest go on
+            for seq_id in e.seq_ids:
+                if seq_id in self.active:
+                    self._fail(self.active[seq_id], RequestError(ErrorKind.INTERNAL, e.message))
             self.snapshot = self.engine.snapshot()
             for h in list(self.active.values()):
                 self._publish(h)
@@ -167,6 +195,17 @@ class Scheduler:
                 self._fail(h, RequestError(ErrorKind.INTERNAL, f"internal engine error: {e}"))
             self.engine.reset()
             self.snapshot = self.engine.snapshot()
+
+    def _end_all(self, err: RequestError) -> None:
+        """End every request, running (their rows freed) or waiting, with ``err``."""
+        for h in list(self.active.values()):
+            self.engine.abort(h.seq_id)
+            self._fail(h, err)
+        with self._wake:
+            pending, self._shutdown = list(self.waiting), None
+            self.waiting.clear()
+        for h in pending:
+            self._fail(h, err)
 
     def _expire_all(self, now: float) -> None:
         """1. Cancellations and timeouts, running and waiting alike."""

@@ -27,6 +27,7 @@ class RequestStats:
     total_s: float = 0.0              # arrival -> last token
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
     auto: bool = False                # draft sizes chosen by the controller
+    drafter_faults: int = 0           # 1 when its drafter raised and it continued by plain decoding
     step_predicted_s: list[float] = field(default_factory=list)     # auto steps: the cost model's prediction
     step_measured_s: list[float] = field(default_factory=list)      # ... and the measured target pass
 

@@ -162,21 +162,67 @@ def test_start_sets_a_short_switch_interval_unless_chosen(target):
         sys.setswitchinterval(before)
 
 
-def test_engine_error_fails_in_flight_requests_and_ends_drafter_state(target):
+def test_a_drafter_that_always_raises_costs_no_answer(target):
+    """Every proposal raises: every request still succeeds, by plain decoding, and its drafter state
+    was ended."""
     boom = Exploding()
     sched = scheduler(target, max_batch=2, boom=boom)
-    engine, metrics = sched.engine, sched.metrics
     sched.start()
     try:
         handles = [sched.submit(Request([1, 2, 3, i], 10, drafter="boom", num_draft=2), 30) for i in range(3)]
-        wait_for(lambda: all(h.finished for h in handles))
-        assert metrics.outcomes.get("error") == 3
-        assert all(h.error.kind is ErrorKind.INTERNAL and "drafter exploded" in h.error.message for h in handles)
-        assert sorted(boom.ended) == sorted(boom.begun)           # every begun sequence was ended
-        assert engine.num_running == 0 and engine.free_capacity == 2
-        ok = sched.submit(Request([5, 6, 7], 6), 30)                # the engine still serves
-        wait_for(lambda: ok.finished)
-        assert ok.error is None and len(ok.result.tokens) == 6
-        assert metrics.outcomes.get("success") == 1 and engine.free_capacity == 2
+        plain = [sched.submit(Request([1, 2, 3, i], 10), 30) for i in range(3)]
+        wait_for(lambda: all(h.finished for h in handles + plain))
+        assert [h.result.tokens for h in handles] == [h.result.tokens for h in plain]
+        assert all(h.result.stats.drafter_faults == 1 for h in handles)
+        assert sorted(boom.ended) == sorted(boom.begun) and len(boom.begun) == 3
+        assert sched.engine.snapshot().drafter_faults == {"boom": 3}
     finally:
         sched.stop()
+
+
+class FailingPass:
+    """The target model; its next pass raises once ``armed``."""
+
+    def __init__(self, model):
+        self.model, self.armed = model, False
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("pass exploded")
+        return self.model(*args, **kwargs)
+
+
+def test_a_failed_pass_fails_its_requests_and_the_next_ones_are_served(target):
+    sched = scheduler(target, max_batch=2)
+    engine = sched.engine
+    engine.model = model = FailingPass(engine.model)
+    handles = [sched.submit(Request([1, 2, 3, i], 10), 30) for i in range(2)]
+    run_until(sched, lambda: all(engine.progress(h.seq_id) for h in handles if h.seq_id is not None)
+              and all(h.seq_id is not None for h in handles))
+    model.armed = True
+    run_until(sched, lambda: all(h.finished for h in handles))
+    assert all(h.error.kind is ErrorKind.INTERNAL and h.error.message == "target pass failed: RuntimeError: "
+               "pass exploded" for h in handles)
+    assert engine.num_running == 0 and engine.free_capacity == 2
+    ok = sched.submit(Request([5, 6, 7], 6), 30)
+    run_until(sched, lambda: ok.finished)
+    assert ok.error is None and len(ok.result.tokens) == 6
+
+
+def test_an_engine_error_outside_the_pass_fails_all_in_flight_and_resets(target):
+    boom = Exploding()
+    sched = scheduler(target, max_batch=2, boom=boom)
+    engine = sched.engine
+    handles = [sched.submit(Request([1, 2, 3, i], 10, drafter="boom", num_draft=2), 30) for i in range(3)]
+    real = engine.controller.plan
+    engine.controller.plan = lambda slots: (_ for _ in ()).throw(RuntimeError("controller exploded"))
+    run_until(sched, lambda: all(h.finished for h in handles[:2]))
+    assert all(h.error.kind is ErrorKind.INTERNAL and "controller exploded" in h.error.message for h in handles[:2])
+    assert engine.num_running == 0 and sorted(boom.ended) == sorted(boom.begun)
+    engine.controller.plan = real
+    run_until(sched, lambda: handles[2].finished)                 # the waiting one is served after the reset
+    assert handles[2].error is None and len(handles[2].result.tokens) == 10

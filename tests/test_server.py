@@ -189,7 +189,7 @@ def test_stop_strings(server):
     assert r["choices"][0]["finish_reason"] == "stop" and " 7" not in r["choices"][0]["text"]
 
 
-def test_sixteen_concurrent_greedy_requests_match_alone(server):
+def test_sixteen_concurrent_greedy_requests_match_alone_even_when_a_drafter_fails(server, monkeypatch):
     prompts = [f"Write one sentence about the number {i}." for i in range(16)]
 
     def ask(p):
@@ -201,6 +201,27 @@ def test_sixteen_concurrent_greedy_requests_match_alone(server):
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(ask, prompts))
     assert together == alone
+    # the drafter raises for one of the 16: every answer is still the same, and the fault is counted
+    llm = server.app.state.llm
+    drafter, bad = llm.engine.drafters["ngram"], set()
+    begin, propose = drafter.begin, drafter.propose
+
+    def faulty_begin(seq_id, prompt, *args):
+        if "number 7." in llm.tokenizer.decode(prompt):
+            bad.add(seq_id)
+        return begin(seq_id, prompt, *args)
+
+    def faulty_propose(requests):
+        if any(r.seq_id in bad for r in requests):
+            raise RuntimeError("injected drafter fault")
+        return propose(requests)
+
+    faults0 = server.metric("specserve_drafter_faults_total")
+    monkeypatch.setattr(drafter, "begin", faulty_begin)
+    monkeypatch.setattr(drafter, "propose", faulty_propose)
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(ask, prompts)) == alone
+    assert len(bad) == 1 and server.metric("specserve_drafter_faults_total") == faults0 + 1
 
 
 def test_shared_system_prompt_is_reused_exactly_and_counted(server):

@@ -63,6 +63,20 @@ def test_the_corpus_is_bounded_oldest_first():
     assert {int(c[0]) for c, m, _ in big.matches(np.array([5, 6, 7]), 3, 8, 1)} >= {326, 327, 328, 329}
 
 
+def test_the_index_is_bounded_with_the_corpus():
+    """Evicted texts leave the index too: 2000 random 100-token texts through a 1000-token corpus
+    leave only the index entries of the texts still in it (one per position past the anchor)."""
+    rng = np.random.default_rng(0)
+    idx = SuffixIndex(max_tokens=1000, per_key=256)
+    for _ in range(2000):
+        idx.add(rng.integers(0, 50_000, 100))
+    entries = sum(len(v) for v in idx.long.values())
+    assert len(idx.docs) == 10 and entries == sum(len(d) - 3 for d in idx.docs.values())
+    assert all(doc in idx.docs for v in idx.long.values() for doc, _ in v)
+    idx.add([1, 2, 3, 4, 5])                       # and what is left still matches
+    assert [int(c[0]) for c, m, _ in idx.matches(np.array([1, 2, 3, 4]), 3, 8, 1)] == [5]
+
+
 def test_warm_file_and_its_errors(tmp_path):
     good = tmp_path / "warm.jsonl"
     good.write_text(json.dumps({"tokens": [4, 5, 6, 7, 8]}) + "\n\n" + json.dumps({"tokens": [4, 5, 6, 9]}) + "\n")

@@ -69,7 +69,7 @@ class SuffixIndex:
             return
         with self.lock:
             while self.tokens + len(arr) > self.max_tokens and self.docs:
-                self.tokens -= len(self.docs.pop(next(iter(self.docs))))
+                self._evict(next(iter(self.docs)))
             doc = self.next_id
             self.next_id += 1
             self.docs[doc] = arr
@@ -80,6 +80,25 @@ class SuffixIndex:
                 positions.append((doc, p))
                 if len(positions) > 2 * self.per_key:              # trimmed in batches: amortised O(1)
                     del positions[:len(positions) - self.per_key]
+
+    def _evict(self, doc: int) -> None:
+        """Drop the oldest text and its index entries, so the index is bounded by ``max_tokens`` too.
+        Each key's positions are in the order their texts were added, so the oldest text's entries
+        are at the front of every list it appears in."""
+        seq = self.docs.pop(doc).tolist()
+        self.tokens -= len(seq)
+        for p in range(ANCHOR, len(seq)):
+            key = tuple(seq[p - ANCHOR:p])
+            positions = self.long.get(key)
+            if positions is None:
+                continue
+            i = 0
+            while i < len(positions) and positions[i][0] <= doc:
+                i += 1
+            if i == len(positions):
+                del self.long[key]
+            elif i:
+                del positions[:i]
 
     def matches(self, suffix: np.ndarray, min_n: int, max_n: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
         """(continuation of at most ``depth`` tokens, match length, doc) for every live candidate

@@ -27,7 +27,9 @@ import torch
 from specserve.control import (AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, Traits, cost_model,
                                plan_chunks)
 from specserve.control.measure import identity
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
+from specserve.drafters.base import DraftProposal, Drafter, Feedback
+from specserve.engine.drafting import Drafting
+from specserve.engine.faults import PLAIN, PassFailed
 from specserve.engine.layout import Chunk, Entry, PassLayout
 from specserve.engine.prefix import Prefixes
 from specserve.engine.rows import RowTable
@@ -67,6 +69,7 @@ class Engine:
         traits = {name: Traits(d.max_auto_draft, d.confidence) for name, d in self.drafters.items()}
         self.controller = Controller(traits, cost, MAX_DRAFT, self.model.thread_choices())
         self._threads_set = 0
+        self.drafting = Drafting(self.controller, target.config.vocab_size)    # every call to a drafter
         self._running: list[Sequence] = []
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
@@ -125,7 +128,8 @@ class Engine:
             pool.used_bytes, pool.capacity * pool.block_bytes, pool.blocks, pool.stats.hit_tokens,
             pool.stats.miss_tokens, pool.stats.stored_blocks, pool.stats.evicted_blocks)
         pre = sum(1 for s in self._running if s.state is State.PREFILL)
-        return EngineSnapshot(self.rows.rows, self.rows.free, len(self._running) - pre, pre, prefix)
+        return EngineSnapshot(self.rows.rows, self.rows.free, len(self._running) - pre, pre, prefix,
+                              dict(self.drafting.faults.counts))
 
     def progress(self, seq_id: int) -> list[int] | None:
         """Tokens generated so far by a running sequence (None once it is no longer running)."""
@@ -145,11 +149,12 @@ class Engine:
         seq_id = next(self._ids)
         drafter = self.drafters[req.drafter]
         gen, draft_gen = self._generators(req)
-        drafter.begin(seq_id, req.prompt, req.sampling, req.max_tokens, generator=draft_gen)
+        drafter = self.drafting.begin(seq_id, req, drafter, draft_gen)
         stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt),
-                             auto=req.num_draft == AUTO)
+                             auto=req.num_draft == AUTO, drafter_faults=int(drafter is PLAIN))
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
-        seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter())
+        seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter(),
+                       drafter=drafter)
         match = self.prefixes.match(req.prompt, bool(drafter.feature_layers))
         if match is not None:
             got = self.rows.copy_prefix(seq.row, self.prefixes.pool, match)
@@ -181,7 +186,7 @@ class Engine:
         """Drop every sequence, running or finished: drafters and the controller forget them, all
         rows are free."""
         for s in self._running:
-            self.drafters[s.request.drafter].end(s.seq_id)
+            self.drafting.end(s)
             self.controller.forget(s.seq_id)
         self._running.clear()
         self._finished.clear()
@@ -202,29 +207,32 @@ class Engine:
         plan = self.controller.plan(slots)
         times.size_s += clock.lap()
         # 3. propose: each drafter drafts a chain or a tree within its sequences' budgets
-        proposals = self._propose(decoding, slots, plan, times)
+        proposals = self.drafting.propose(decoding, slots, plan, times)
         clock.lap()
         # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
         predicted = self.controller.keep(slots, proposals, plan)
         # 5. prompt chunks: as many prompt tokens as keep the step within the planner's budget
         chunks = self._chunks(prompts, slots, proposals)
         times.size_s += clock.lap()
-        # 6. layout: the ragged pass (pending tokens and kept nodes, then the chunks), built once
-        layout = self._layout(decoding, proposals, chunks)
-        # 7. pass: one target pass, on the governor's threads (threads change the speed, never the bits)
-        threads = self._set_threads()
-        clock.lap()
-        out = layout.run(self.model, self.rows.cache)
-        times.pass_s = clock.lap()
-        if not chunks:                 # the cost model's correction learns from decoding passes only
-            self.controller.observe_pass(threads, layout.decode_lengths, layout.decode_starts, times.pass_s)
-        # 8. verify: greedy rows by argmax, sampled rows by (recursive) rejection sampling
-        outcomes = self._verify(decoding, proposals, layout, out)
-        times.verify_s = clock.lap()
-        # 9. commit: accepted tokens (a stop inside the run ends it there) and their KV entries;
-        #    the chunks' positions and prefix blocks, and a finished prompt's first token
-        feedback = self._commit_decoding(decoding, proposals, outcomes, layout, out)
-        feedback += self._commit_prompts(chunks, layout, out)
+        try:           # a fault from here to the commit fails this pass's sequences only (PassFailed)
+            # 6. layout: the ragged pass (pending tokens and kept nodes, then the chunks), built once
+            layout = self._layout(decoding, proposals, chunks)
+            # 7. pass: one target pass, on the governor's threads (threads change the speed, never the bits)
+            threads = self._set_threads()
+            clock.lap()
+            out = layout.run(self.model, self.rows.cache)
+            times.pass_s = clock.lap()
+            if not chunks:                 # the cost model's correction learns from decoding passes only
+                self.controller.observe_pass(threads, layout.decode_lengths, layout.decode_starts, times.pass_s)
+            # 8. verify: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+            outcomes = self._verify(decoding, proposals, layout, out)
+            times.verify_s = clock.lap()
+            # 9. commit: accepted tokens (a stop inside the run ends it there) and their KV entries;
+            #    the chunks' positions and prefix blocks, and a finished prompt's first token
+            feedback = self._commit_decoding(decoding, proposals, outcomes, layout, out)
+            feedback += self._commit_prompts(chunks, layout, out)
+        except Exception as e:  # noqa: BLE001 - the model, verification or commit raised
+            raise self._drop_pass(decoding + [s for s, _ in chunks], e) from e
         # 10. feed back: to the drafters, and the verified drafts to the controller
         self._feed_back(feedback, slots, proposals, outcomes, plan)
         times.commit_s = clock.lap()
@@ -233,30 +241,17 @@ class Engine:
 
     def _slot(self, s: Sequence) -> Slot:
         depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
-        return Slot(s.seq_id, s.request.drafter, s.request.num_draft, self.rows.length(s.row), depth)
+        num_draft = 0 if s.drafter is PLAIN else s.request.num_draft    # after a fault: plain decoding
+        return Slot(s.seq_id, s.request.drafter, num_draft, self.rows.length(s.row), depth)
 
-    def _propose(self, decoding: list[Sequence], slots: list[Slot], plan: StepPlan,
-                 times: StepTimes) -> dict[int, DraftProposal]:
-        """Proposals per sequence, cut to the node budget and to the tokens still to generate."""
-        out: dict[int, DraftProposal] = {}
-        by_drafter: dict[str, list[tuple[Sequence, Slot]]] = {}
-        for s, slot in zip(decoding, slots):
-            by_drafter.setdefault(s.request.drafter, []).append((s, slot))
-        vocab = self.target.config.vocab_size
-        for name, pairs in by_drafter.items():
-            group = [s for s, _ in pairs]
-            reqs = [DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth)
-                    for s, slot in pairs]
-            t0 = time.perf_counter()
-            props = self.drafters[name].propose(reqs)
-            took = time.perf_counter() - t0
-            times.draft_s += took
-            self.controller.observe_draft(name, took, sum(1 for r in reqs if r.k > 0))
-            for s, r, prop in zip(group, reqs, props):
-                prop = prop.truncated(r.k, r.max_depth)
-                prop.check(vocab)
-                out[s.seq_id] = prop
-        return out
+    def _drop_pass(self, seqs: list[Sequence], error: Exception) -> PassFailed:
+        """The pass of ``seqs`` failed: drop them (rows freed, drafters and controller told)."""
+        for s in seqs:
+            self.drafting.end(s)
+            self.controller.forget(s.seq_id)
+            self._running.remove(s)
+            self.rows.release(s.row)
+        return PassFailed([s.seq_id for s in seqs], error)
 
     def _chunks(self, prompts: list[Sequence], slots: list[Slot],
                 proposals: dict[int, DraftProposal]) -> list[tuple[Sequence, int]]:
@@ -275,7 +270,7 @@ class Engine:
                          proposals[s.seq_id].parent_list()) for s in decoding]
         parts = [Chunk(s.row, s.prefilled, s.request.prompt[s.prefilled:s.prefilled + n],
                        s.prefilled + n == len(s.request.prompt)) for s, n in chunks]
-        used = [self.drafters[s.request.drafter] for s in decoding + [s for s, _ in chunks]]
+        used = [s.drafter for s in decoding + [s for s, _ in chunks]]
         layers = {x for d in used for x in d.feature_layers} | set(self.prefixes.feature_layers if chunks else ())
         return PassLayout.build(entries, parts, tuple(sorted(layers)))
 
@@ -292,7 +287,7 @@ class Engine:
         return verify_rows(rows, out.logits) if rows else []
 
     def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal],
-                         outcomes: list[Outcome], layout: PassLayout, out: ForwardOutput) -> list[tuple[Drafter, Feedback]]:
+                         outcomes: list[Outcome], layout: PassLayout, out: ForwardOutput) -> list[tuple[Sequence, Feedback]]:
         """Keep each accepted path's KV entries and commit its tokens; the drafters' feedback."""
         feedback = []
         for i, (s, o) in enumerate(zip(decoding, outcomes)):
@@ -300,21 +295,21 @@ class Engine:
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.rows.keep_path(s.row, kept)
             s.stats.record_step(len(prop), prop.depth, len(o.path))
-            drafter = self.drafters[s.request.drafter]
+            drafter = s.drafter
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
                       if drafter.wants_predictions else None)
-            feedback.append((drafter, Feedback(s.seq_id, prop, o.path, o.tokens, feats, argmax)))
+            feedback.append((s, Feedback(s.seq_id, prop, o.path, o.tokens, feats, argmax)))
             s.commit(o.tokens)
         return feedback
 
     def _commit_prompts(self, chunks: list[tuple[Sequence, int]], layout: PassLayout,
-                        out: ForwardOutput) -> list[tuple[Drafter, Feedback]]:
+                        out: ForwardOutput) -> list[tuple[Sequence, Feedback]]:
         """Keep each chunk's positions (and store the prefix blocks it completed); a prompt whose last
         chunk this was samples its first token and starts decoding.  Its drafter's feedback."""
         feedback = []
         for j, (s, n) in enumerate(chunks):
-            drafter = self.drafters[s.request.drafter]
+            drafter = s.drafter
             at = layout.chunk_offset(j)
             feats = {layer: f[at:at + n] for layer, f in out.features.items()}
             for layer in drafter.feature_layers:
@@ -330,16 +325,18 @@ class Engine:
             first = int(sample(out.logits[layout.first_token[j]], s.request.sampling, s.generator))
             prompt_feats = {layer: torch.cat(fs) for layer, fs in s.prompt_feats.items()}
             s.prompt_feats = {}
-            feedback.append((drafter, Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats)))
+            feedback.append((s, Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats)))
             s.state = State.DECODE
             s.commit([first])
         return feedback
 
-    def _feed_back(self, feedback: list[tuple[Drafter, Feedback]], slots: list[Slot],
+    def _feed_back(self, feedback: list[tuple[Sequence, Feedback]], slots: list[Slot],
                    proposals: dict[int, DraftProposal], outcomes: list[Outcome], plan: StepPlan) -> None:
-        for drafter, fb in feedback:
-            drafter.feedback(fb)
+        self.drafting.feed_back(feedback)
+        plain = {s.seq_id for s, _ in feedback if s.drafter is PLAIN}
         for slot, o in zip(slots, outcomes):
+            if slot.seq_id in plain:
+                continue
             prop = proposals[slot.seq_id]
             conf = sum(prop.confidence) if prop.confidence is not None else None
             self.controller.learn(slot, len(prop), prop.depth, len(o.path), conf, plan)
@@ -369,7 +366,7 @@ class Engine:
         self.controller.forget(s.seq_id)
         s.stats.generated_tokens = len(s.generated)
         s.stats.total_s = time.perf_counter() - s.arrival
-        self.drafters[s.request.drafter].end(s.seq_id)
+        self.drafting.end(s)
         self._running.remove(s)
         self.rows.release(s.row)
         self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)

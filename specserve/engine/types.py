@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -56,6 +56,7 @@ class Sequence:
     prefilled: int = 0            # prompt positions in the cache (the whole prompt once decoding)
     prompt_feats: dict[int, list[Tensor]] = field(default_factory=dict)   # the drafter's, until the prompt ends
     blocks: list | None = field(default_factory=list)    # its chain in the prefix cache (None: broken)
+    drafter: Any = None           # the drafter serving it: its request's, or ``faults.PLAIN`` after a fault
 
     @property
     def generated(self) -> list[int]:
@@ -147,3 +148,4 @@ class EngineSnapshot:
     running: int                  # sequences decoding
     prefilling: int               # sequences whose prompt is still being prefilled
     prefix: PrefixSnapshot | None = None   # the prefix pool's (None: no pool)
+    drafter_faults: dict[str, int] = field(default_factory=dict)   # drafter name -> faults so far

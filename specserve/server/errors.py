@@ -17,6 +17,7 @@ ERROR_STATUS: dict[ErrorKind, tuple[int, str, dict | None]] = {
     ErrorKind.TIMEOUT: (504, "timeout", None),
     ErrorKind.CANCELLED: (499, "cancelled", None),                 # the client has gone: nobody reads it
     ErrorKind.INTERNAL: (500, "server_error", None),
+    ErrorKind.SHUTDOWN: (503, "server_shutting_down", {"Retry-After": "5"}),
 }
 
 # engine / sampling field names -> the request body's field names

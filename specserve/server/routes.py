@@ -7,8 +7,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specserve.engine import Result
 from specserve.errors import SpecserveError
@@ -16,7 +16,9 @@ from specserve.llm import LLM
 from specserve.sampling import SamplingParams
 from specserve.scheduler import ErrorKind, Handle, QueueFull, RequestError, Scheduler
 from specserve.server.errors import API_PARAM, error, request_error
+from specserve.server.limits import TokenLimits
 from specserve.server.metrics import Metrics
+from specserve.server.requestlog import log_fields, result_fields
 from specserve.server.schemas import ChatRequest, CompletionRequest
 from specserve.server.streaming import Reply, TextStream, sse
 
@@ -31,6 +33,7 @@ class Service:
     default_drafter: str = "none"
     request_timeout_s: float = 600.0
     default_max_tokens: int = 256
+    limits: TokenLimits = TokenLimits()
 
 
 def add_routes(app: FastAPI, svc: Service) -> None:
@@ -39,8 +42,9 @@ def add_routes(app: FastAPI, svc: Service) -> None:
         return {"status": "ok", "running": svc.scheduler.num_running, "waiting": svc.scheduler.num_waiting}
 
     @app.get("/metrics")
-    async def prometheus():
-        return PlainTextResponse(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def prometheus(request: Request):
+        body, content_type = svc.metrics.render(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
     async def models():
@@ -48,30 +52,31 @@ def add_routes(app: FastAPI, svc: Service) -> None:
                                             "owned_by": "specserve"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         try:
             ids = svc.llm.encode(body.prompt, raw=True)
         except SpecserveError as e:
             return error(400, str(e), "prompt")
-        return await serve(svc, body, ids, chat=False)
+        return await serve(svc, body, ids, log_fields(request.scope), chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
+    async def chat(body: ChatRequest, request: Request):
         try:
             ids = svc.llm.encode([m.model_dump() for m in body.messages])
         except SpecserveError as e:
             return error(400, str(e), "messages")
         except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's input
             return error(400, f"chat template rejected the messages: {e}", "messages")
-        return await serve(svc, body, ids, chat=True)
+        return await serve(svc, body, ids, log_fields(request.scope), chat=True)
 
 
-async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], chat: bool):
-    """Queue the request and answer it: one completion document, or a stream of events."""
+async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict, chat: bool):
+    """Queue the request and answer it: one completion document, or a stream of events.  ``log``:
+    the fields of the request's log line (``requestlog``), filled in on the way."""
     if body.model != svc.model_name:
         return error(404, f"model {body.model!r} not found; this server serves {svc.model_name!r}", "model",
                      type_="not_found_error")
-    handle = submit(svc, body, prompt_ids)
+    handle = submit(svc, body, prompt_ids, log, chat)
     if isinstance(handle, JSONResponse):
         return handle
     reply = Reply(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), svc.model_name,
@@ -79,22 +84,29 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
     stream = TextStream(svc.llm, body.stops())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage),
+        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log),
                                  media_type="text/event-stream")
     outcome = await wait(svc.scheduler, handle)
     if isinstance(outcome, RequestError):
+        log.update(outcome=outcome.kind.value, error=outcome.message)
         return request_error(outcome)
+    log.update(result_fields(outcome))
     return reply.completion(stream.feed(outcome.tokens, final=True), outcome)
 
 
-def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int]) -> Handle | JSONResponse:
-    """The engine request of a body, queued; a 400 naming the field it cannot serve, or a 429 if full."""
+def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict,
+           chat: bool) -> Handle | JSONResponse:
+    """The engine request of a body, queued; a 400 naming the field it cannot serve (a server limit
+    included), or a 429 if full."""
     spec = body.speculative
     drafter = spec.drafter if spec and spec.drafter else svc.default_drafter
     k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
     max_tokens = body.max_completion_tokens or body.max_tokens or svc.default_max_tokens
+    max_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     seed = body.seed % (2**63) if body.seed is not None else None
+    log.update(drafter=drafter, prompt_tokens=len(prompt_ids), max_tokens=max_tokens)
     try:
+        svc.limits.check(len(prompt_ids), "messages" if chat else "prompt", max_tokens, max_field)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed)
         req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops())
         return svc.scheduler.submit(req, svc.request_timeout_s, asyncio.get_running_loop())

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_STOP = 8
+MAX_STOP = 4            # OpenAI's limit
 MAX_DRAFT = 32          # the engine's limit (specserve.engine.MAX_DRAFT)
 
 

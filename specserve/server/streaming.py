@@ -11,6 +11,7 @@ from specserve.engine import Result
 from specserve.llm import LLM, trim_at_stop
 from specserve.scheduler import Handle, Scheduler
 from specserve.server.errors import error_event
+from specserve.server.requestlog import result_fields
 
 
 class TextStream:
@@ -96,8 +97,9 @@ def event(doc: dict) -> str:
 
 
 async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply,
-              include_usage: bool) -> AsyncIterator[str]:
-    """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it."""
+              include_usage: bool, log: dict) -> AsyncIterator[str]:
+    """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it.
+    ``log``: the request's log line, told how the stream ended."""
     try:
         if reply.chat:
             yield reply.chunk(None, None, first=True)
@@ -108,9 +110,11 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
                 if delta:
                     yield reply.chunk(delta, None)
             elif kind == "error":
+                log.update(outcome=payload.kind.value, error=payload.message)
                 yield event(error_event(payload))
                 break
             else:
+                log.update(result_fields(payload))
                 delta = stream.feed([], final=True)
                 if delta:
                     yield reply.chunk(delta, None)
@@ -121,4 +125,5 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
         yield "data: [DONE]\n\n"
     finally:
         if not handle.finished:      # client went away mid-stream
+            log.update(outcome="cancelled")
             scheduler.cancel(handle)

@@ -1,0 +1,89 @@
+"""Every call the engine makes to a drafter, each one guarded (``specserve.engine.faults``).
+
+``Drafting`` begins and ends a sequence's drafter, asks the drafters for a step's proposals (one
+batched ``propose`` per drafter, over its sequences) and hands them the step's feedback.  A call
+that raises for a sequence, or a malformed proposal, is that sequence's fault: its drafter state is
+ended and it continues with ``PLAIN`` (see ``faults``); the other sequences are untouched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from specserve.control import Controller, Slot, StepPlan
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
+from specserve.engine.faults import PLAIN, Faults, quietly_end
+from specserve.engine.types import Request, Sequence, StepTimes
+
+
+class Drafting:
+    def __init__(self, controller: Controller, vocab_size: int):
+        self.controller, self.vocab = controller, vocab_size
+        self.faults = Faults()
+
+    def begin(self, seq_id: int, req: Request, drafter: Drafter, generator) -> Drafter:
+        """``drafter.begin`` for a new sequence; the drafter that will serve it (``PLAIN`` if begin failed)."""
+        if self.faults.call(req.drafter, seq_id, "begin", drafter.begin, seq_id, req.prompt, req.sampling,
+                            req.max_tokens, generator):
+            return drafter
+        quietly_end(drafter, seq_id)
+        return PLAIN
+
+    def end(self, s: Sequence) -> None:
+        """``end`` for a sequence leaving the engine (its exception is counted, and changes nothing)."""
+        self.faults.call(s.request.drafter, s.seq_id, "end", s.drafter.end, s.seq_id)
+
+    def propose(self, decoding: list[Sequence], slots: list[Slot], plan: StepPlan,
+                times: StepTimes) -> dict[int, DraftProposal]:
+        """Proposals per sequence, cut to the node budget and to the tokens still to generate; a
+        sequence whose drafter fails gets none and continues by plain decoding."""
+        out = {s.seq_id: DraftProposal([]) for s in decoding}
+        groups: dict[int, list[tuple[Sequence, DraftRequest]]] = {}
+        for s, slot in zip(decoding, slots):
+            if s.drafter is not PLAIN:
+                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth)
+                groups.setdefault(id(s.drafter), []).append((s, r))
+        for pairs in groups.values():
+            t0 = time.perf_counter()
+            props = draft(pairs[0][0].drafter, [r for _, r in pairs])
+            took = time.perf_counter() - t0
+            times.draft_s += took
+            self.controller.observe_draft(pairs[0][0].request.drafter, took, sum(1 for _, r in pairs if r.k > 0))
+            for (s, r), prop in zip(pairs, props):
+                try:
+                    if isinstance(prop, Exception):
+                        raise prop
+                    prop = prop.truncated(r.k, r.max_depth)
+                    prop.check(self.vocab)
+                    out[s.seq_id] = prop
+                except Exception as e:  # noqa: BLE001 - a drafter's bug: this sequence decodes plainly
+                    self.fault(s, "propose", e)
+        return out
+
+    def feed_back(self, feedback: list[tuple[Sequence, Feedback]]) -> None:
+        for s, fb in feedback:
+            try:
+                s.drafter.feedback(fb)
+            except Exception as e:  # noqa: BLE001 - a drafter's bug: this sequence decodes plainly
+                self.fault(s, "feedback", e)
+
+    def fault(self, s: Sequence, phase: str, error: Exception) -> None:
+        """A drafter failed for ``s``: count and log it, end the drafter's state for ``s``; from now
+        on ``s`` decodes plainly."""
+        self.faults.record(s.request.drafter, s.seq_id, phase, error)
+        quietly_end(s.drafter, s.seq_id)
+        s.drafter, s.prompt_feats = PLAIN, {}
+        s.stats.drafter_faults += 1
+        self.controller.forget(s.seq_id)
+
+
+def draft(drafter: Drafter, reqs: list[DraftRequest]) -> list[DraftProposal | Exception]:
+    """``drafter.propose(reqs)``; if it raises, each request again alone, so that a fault costs only
+    the sequences it happens for (an exception in place of their proposal)."""
+    try:
+        props = drafter.propose(reqs)
+        if len(props) != len(reqs):
+            raise ValueError(f"{len(props)} proposals for {len(reqs)} requests")
+        return list(props)
+    except Exception as e:  # noqa: BLE001 - attributed below, one sequence at a time
+        return [e] if len(reqs) == 1 else [draft(drafter, [r])[0] for r in reqs]
