@@ -32,6 +32,18 @@ def add_parser(sub) -> None:
     tsub = t.add_subparsers(dest="what", required=True, parser_class=type(t))
     d = tsub.add_parser("data", help="only make the self-distillation data")
     _data_args(d)
+    g = tsub.add_parser("regen", help="the target's greedy answers to training prompts, as token sequences only "
+                                      "(resumable; features are recomputed from them)")
+    g.add_argument("--model", default="default", help="the target")
+    g.add_argument("--prompts", nargs="+", default=None, help="JSONL files with 'prompt' or 'turns' per line "
+                   "(default: the shipped training prompts)")
+    g.add_argument("--out", required=True, help="folder for the shards (resumed when present)")
+    g.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap")
+    g.add_argument("--max-prompt-tokens", type=int, default=768, help="longer conversations are skipped")
+    g.add_argument("--batch", type=int, default=16, help="sequences the engine runs together")
+    g.add_argument("--drafter", default="ngram-tree", help="speculation for speed only: greedy output is the "
+                   "target's whatever the drafter")
+    g.add_argument("--limit", type=int, default=None, help="answer at most this many records (in file order)")
     for kind in ("eagle", "medusa"):
         h = tsub.add_parser(kind, help=f"train {'an EAGLE head' if kind == 'eagle' else 'Medusa heads'} "
                                        "(makes the data first when --data-dir holds none)")
@@ -83,7 +95,29 @@ def data_layers(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3, num_layers)
 
 
+def regen(args: argparse.Namespace) -> int:
+    import shlex
+
+    from specserve.llm import LLM
+    from specserve.train.regen import Regenerator, read_records
+
+    if args.max_new_tokens < 1 or args.max_prompt_tokens < 1 or args.batch < 1:
+        raise SpecserveError("--max-new-tokens, --max-prompt-tokens and --batch must be >= 1")
+    import random
+    records = read_records(args.prompts or default_prompts())
+    random.Random(0).shuffle(records)             # a partial run covers every source (resumes by id)
+    records = records[:args.limit]
+    llm = LLM(args.model, drafters=[args.drafter], max_batch=args.batch,
+              max_len=args.max_prompt_tokens + args.max_new_tokens)
+    command = "specserve " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    Regenerator(llm, args.out, args.max_new_tokens, args.max_prompt_tokens, args.drafter.split(":")[0],
+                command).run(records, progress=_progress("regenerated"))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.what == "regen":
+        return regen(args)
     if args.what == "data":
         from specserve.models.loader import load_model
         cfg = load_model(args.model).config
