@@ -213,3 +213,32 @@ def test_training_is_deterministic_and_resumes_exactly(counting, data_dir, tmp_p
         assert torch.equal(v, resumed.module.state_dict()[k]), k        # interrupted + resumed = straight
     with pytest.raises(SpecserveError, match="other settings"):
         _trainer(target, data_dir, tmp_path / "b", epochs=2, lr=1e-2).resume()
+
+
+def test_features_of_regenerated_sequences_are_the_generated_ones(counting, data_dir, tmp_path):
+    """``train data --from-sequences``: one teacher-forced pass per sequence gives the shards that
+    generating the answers gave (tokens, masks and offsets exactly; features to fp16 rounding)."""
+    import gzip
+    import json
+    from specserve.train.data import from_sequences
+    meta, shards = load(data_dir)
+    rows = []
+    for sh in shards:
+        starts = sh["seq_start"].tolist()
+        for a, b in zip(starts, starts[1:]):
+            toks, n_prompt = sh["tokens"][a:b].tolist(), int(sh["prompt_mask"][a:b].sum())
+            rows.append({"prompt_ids": toks[:n_prompt], "answer_ids": toks[n_prompt:]})
+    seq_dir = tmp_path / "seqs"
+    seq_dir.mkdir()
+    with gzip.open(seq_dir / "seqs-00000.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    (seq_dir / "meta.json").write_text(json.dumps({"shards": [{"file": "seqs-00000.jsonl.gz"}]}))
+    n = counting.config.num_layers
+    out = from_sequences(counting, str(seq_dir), str(tmp_path / "data"),
+                         DataConfig(layers=(1, n), max_new_tokens=24, shard_sequences=16))
+    meta2, shards2 = load(str(out))
+    assert meta2["layers"] == meta["layers"] and len(shards2) == len(shards)
+    for old, new in zip(shards, shards2):
+        for name in ("tokens", "prompt_mask", "seq_start"):
+            assert torch.equal(old[name], new[name])
+        assert torch.allclose(old["features"].float(), new["features"].float(), atol=2e-2, rtol=2e-2)

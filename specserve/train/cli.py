@@ -25,6 +25,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=160, help="answer length cap")
     p.add_argument("--gen-batch", type=int, default=32, help="rows the target answers together")
     p.add_argument("--seed", type=int, default=0, help="shuffles prompts and seeds training")
+    p.add_argument("--from-sequences", default=None, metavar="DIR", help="compute the features of regenerated "
+                   "sequences (`specserve train regen`) instead of generating answers (--num-prompts: at most "
+                   "this many sequences)")
 
 
 def add_parser(sub) -> None:
@@ -82,6 +85,11 @@ def make_data(args: argparse.Namespace, layers: tuple[int, ...]):
     from specserve.train.data import DataConfig, generate, read_prompts
 
     target = load_model(args.model)
+    if args.from_sequences:
+        from specserve.train.data import from_sequences
+        from_sequences(target, args.from_sequences, args.data_dir, DataConfig(layers=layers), args.num_prompts,
+                       progress=_progress("features"))
+        return target
     tok = load_tokenizer(target)
     prompts = read_prompts(args.prompts or default_prompts(), args.num_prompts, args.seed)
     cfg = DataConfig(layers=layers, max_new_tokens=args.max_new_tokens, batch=args.gen_batch)

@@ -122,6 +122,53 @@ def generate(target: LoadedModel, prompts: list[list[int]], eos: frozenset[int],
     return out
 
 
+@torch.inference_mode()
+def teacher_forced(target: LoadedModel, rows: list[dict], layers: tuple[int, ...]) -> list[dict]:
+    """The features of regenerated sequences (``specserve.train.regen``: ``prompt_ids`` +
+    ``answer_ids``), by one pass over each whole sequence: the same data ``answer`` keeps, without
+    generating again."""
+    model, layers = target.model, tuple(sorted(set(layers)))
+    longest = max(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows)
+    cache = model.new_cache(1, longest + 1)
+    seqs = []
+    for r in rows:
+        tokens = list(r["prompt_ids"]) + list(r["answer_ids"])
+        out = model(torch.tensor([tokens]), cache, [0], [0], last_only=True, features=layers)
+        feats = torch.stack([out.features[l][0] for l in layers], 1).half()                # [T, F, hidden]
+        seqs.append({"tokens": tokens, "prompt_len": len(r["prompt_ids"]), "feats": [feats]})
+    return seqs
+
+
+def from_sequences(target: LoadedModel, sequences_dir: str, out_dir: str, cfg: DataConfig, limit: int | None = None,
+                   progress=None) -> Path:
+    """Training shards (as ``generate`` writes them) from a directory of regenerated sequences;
+    resumes after whole shards."""
+    from specserve.train.regen import read_sequences
+    rows = read_sequences(sequences_dir)[:limit]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"layers": sorted(set(cfg.layers)), "hidden_size": target.config.hidden_size,
+            "vocab_size": target.config.vocab_size, "num_layers": target.config.num_layers,
+            "max_new_tokens": cfg.max_new_tokens, "prompts": len(rows), "sequences_from": str(sequences_dir),
+            "shards": []}
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old["layers"] != meta["layers"] or old.get("sequences_from") != meta["sequences_from"]:
+            raise SpecserveError(f"{out} holds data with other layers or other sequences; use a new directory")
+        meta["shards"] = old["shards"]
+    done, t0 = sum(s["prompts"] for s in meta["shards"]), time.perf_counter()
+    for first in range(done, len(rows), cfg.shard_sequences):
+        chunk = rows[first:first + cfg.shard_sequences]
+        name = f"shard-{len(meta['shards']):05d}.safetensors"
+        ntok = _write_shard(out / name, teacher_forced(target, chunk, cfg.layers))
+        meta["shards"].append({"file": name, "prompts": len(chunk), "sequences": len(chunk), "tokens": ntok})
+        meta_path.write_text(json.dumps(meta, indent=1))
+        if progress:
+            progress(first + len(chunk), len(rows), sum(s["tokens"] for s in meta["shards"]), time.perf_counter() - t0)
+    return out
+
+
 def _write_shard(path: Path, seqs: list[dict]) -> int:
     toks = torch.tensor([t for s in seqs for t in s["tokens"]], dtype=torch.int32)
     mask = torch.tensor([int(i < s["prompt_len"]) for s in seqs for i in range(len(s["tokens"]))], dtype=torch.uint8)
