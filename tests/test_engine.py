@@ -202,3 +202,13 @@ def test_no_features_when_none_declared(target):
     Engine(target, {"ngram": drafter}, max_batch=1, max_len=128).generate([Request(PROMPTS[0], 10, drafter="ngram",
                                                                                   num_draft=3)])
     assert seen and all(fb.features == {} for fb in seen)
+
+
+def test_making_the_kv_budget_resident_changes_no_output(target, plain):
+    from specserve.control import PrefillPolicy
+    eng = Engine(target, {"ngram": create("ngram", target, min_n=1, max_n=3)}, max_batch=2, max_len=128,
+                 prefill=PrefillPolicy(16, 5.0, 1))
+    c, pool = eng.rows.cache, eng.prefixes.pool
+    expect = sum(t.numel() * t.element_size() for t in (c.k_all, c.v_all, pool.k, pool.v))
+    assert eng.make_resident() == expect and not c.k_all.any() and not pool.v.any()
+    assert [o.tokens for o in eng.generate([Request(p, 40, drafter="ngram", num_draft=4) for p in PROMPTS])] == plain

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,23 +51,40 @@ from specserve.drafters.trie import TrieOptions, own_matches, trie_proposal
 from specserve.errors import SpecserveError
 
 ANCHOR = 3                  # the key: the three tokens before a position; the shortest corpus match
+TOKEN_BITS = 21             # a key packs its three tokens into one int (vocabularies below 2**21)
+POS_BITS = 32               # an entry packs (text, position) into one int64: text << 32 | position
+
+
+def key_of(tokens) -> int:
+    """The index key of three tokens."""
+    a, b, c = tokens
+    return (a << (2 * TOKEN_BITS)) | (b << TOKEN_BITS) | c
 
 
 class SuffixIndex:
-    """The corpus and its index (see the module docstring); all methods take the lock."""
+    """The corpus and its index (see the module docstring); all methods take the lock.  Compact: a
+    key is one int (``key_of``) and its positions one ``array('q')`` of packed (text, position), about
+    8 bytes an entry, so a full corpus of 500k tokens costs tens of MiB, not hundreds."""
 
     def __init__(self, max_tokens: int, per_key: int):
         self.max_tokens, self.per_key = max_tokens, per_key
         self.docs: dict[int, np.ndarray] = {}                    # oldest first (insertion order)
         self.tokens = 0
         self.next_id = 0
-        self.long: dict[tuple, list[tuple[int, int]]] = {}      # 3 tokens before -> [(doc, position)]
+        self.long: dict[int, array] = {}                         # key_of(3 tokens before) -> packed entries
         self.lock = threading.Lock()
+
+    def positions(self, tokens) -> list[tuple[int, int]]:
+        """(text, position) of every entry under the key of three tokens, oldest first."""
+        mask = (1 << POS_BITS) - 1
+        return [(v >> POS_BITS, v & mask) for v in self.long.get(key_of(tokens), ())]
 
     def add(self, tokens: list[int] | np.ndarray) -> None:
         arr = np.asarray(tokens, dtype=np.int64)
-        if len(arr) < 2 or len(arr) > self.max_tokens:
+        if len(arr) < 2 or len(arr) > self.max_tokens or len(arr) >= 1 << POS_BITS:
             return
+        if arr.min() < 0 or arr.max() >= 1 << TOKEN_BITS:
+            raise ValueError(f"suffix: token ids must lie in [0, {1 << TOKEN_BITS})")
         with self.lock:
             while self.tokens + len(arr) > self.max_tokens and self.docs:
                 self._evict(next(iter(self.docs)))
@@ -74,10 +92,13 @@ class SuffixIndex:
             self.next_id += 1
             self.docs[doc] = arr
             self.tokens += len(arr)
-            seq = arr.tolist()
+            seq, base = arr.tolist(), doc << POS_BITS
             for p in range(ANCHOR, len(seq)):
-                positions = self.long.setdefault(tuple(seq[p - ANCHOR:p]), [])
-                positions.append((doc, p))
+                key = key_of(seq[p - ANCHOR:p])
+                positions = self.long.get(key)
+                if positions is None:
+                    positions = self.long[key] = array("q")
+                positions.append(base | p)
                 if len(positions) > 2 * self.per_key:              # trimmed in batches: amortised O(1)
                     del positions[:len(positions) - self.per_key]
 
@@ -87,13 +108,14 @@ class SuffixIndex:
         are at the front of every list it appears in."""
         seq = self.docs.pop(doc).tolist()
         self.tokens -= len(seq)
+        last = ((doc + 1) << POS_BITS) - 1                     # the largest entry of this text
         for p in range(ANCHOR, len(seq)):
-            key = tuple(seq[p - ANCHOR:p])
+            key = key_of(seq[p - ANCHOR:p])
             positions = self.long.get(key)
             if positions is None:
                 continue
             i = 0
-            while i < len(positions) and positions[i][0] <= doc:
+            while i < len(positions) and positions[i] <= last:
                 i += 1
             if i == len(positions):
                 del self.long[key]
@@ -107,8 +129,10 @@ class SuffixIndex:
         out: list[tuple[np.ndarray, int, int]] = []
         if len(q) < ANCHOR:
             return out
+        mask = (1 << POS_BITS) - 1
         with self.lock:
-            for doc, p in reversed(self.long.get(tuple(q[-ANCHOR:]), [])[-self.per_key:]):   # newest first
+            for v in reversed(self.long.get(key_of(q[-ANCHOR:]), array("q"))[-self.per_key:]):   # newest first
+                doc, p = v >> POS_BITS, v & mask
                 arr = self.docs.get(doc)
                 if arr is None or p >= len(arr):
                     continue

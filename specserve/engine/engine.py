@@ -79,6 +79,17 @@ class Engine:
         """The cost model the controller uses (measured at construction)."""
         return self.controller.cost
 
+    def make_resident(self) -> int:
+        """Write every page of the preallocated KV rows and prefix pool now (the native runtime leaves
+        them untouched until written, so a server's memory would grow for hours towards its fixed
+        budget, like a leak); a server calls it before serving.  Returns the bytes made resident."""
+        pool, cache = self.prefixes.pool, self.rows.cache
+        tensors = [cache.k_all, cache.v_all] + ([pool.k, pool.v] + ([pool.f] if pool.f is not None else [])
+                                                if pool is not None else [])
+        for t in tensors:
+            t.zero_()          # never read before written: zeros change no result
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def release_threads(self) -> bool:
         """Call from a thread that has run passes (loading, calibration) and will run no more, before
         another thread runs the engine: ends the calling thread's pool of compute threads, since

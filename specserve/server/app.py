@@ -41,6 +41,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
         raise SpecserveError(f"the default max_tokens ({default_max_tokens}) exceeds --max-tokens-limit ({cap})")
     if max_body_bytes < 1:
         raise SpecserveError(f"the body limit must be >= 1 byte, got {max_body_bytes}")
+    llm.engine.make_resident()        # the KV budget in memory now, not page by page over hours
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
     metrics.gauges = lambda: gauges.gauges(scheduler)
