@@ -1,5 +1,5 @@
 """Command line: ``specserve generate``, ``serve`` (its flags and command: ``specserve.server.command``),
-``bench``, ``profile`` and ``train``.
+``bench``, ``profile``, ``train`` and ``export``.
 
 Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
 options, defaults and default draft lengths come from the registry, never from this file.
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "overhead)"))
     from specserve.train.cli import add_parser as add_train_parser
     add_train_parser(sub)
+    from specserve.export import add_parser as add_export_parser
+    add_export_parser(sub)
     return parser
 
 
@@ -249,13 +251,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from specserve.export import cmd_export as run
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
     try:
         args = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
-                "profile": cmd_profile, "train": cmd_train}[args.command](args)
+                "profile": cmd_profile, "train": cmd_train, "export": cmd_export}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

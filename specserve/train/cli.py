@@ -62,8 +62,12 @@ def add_parser(sub) -> None:
                        help="train on the target's distributions at answer, prompt or all positions")
         h.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
         if kind == "eagle":
-            h.add_argument("--features", default="last", help="'last' (the final normed layer, EAGLE-1/2), "
-                           "'fused' (a low, a middle and a high layer, EAGLE-3) or layer numbers, e.g. 2,15,27")
+            h.add_argument("--features", default=None, help="'last' (the final normed layer, EAGLE-1/2), "
+                           "'fused' (a low, a middle and a high layer, EAGLE-3) or layer numbers, e.g. 2,15,27 "
+                           "(default: last; fused with --layout eagle3)")
+            h.add_argument("--layout", default="eagle", choices=["eagle", "eagle3"],
+                           help="'eagle' (this project's layer, the shipped head's) or 'eagle3' (EAGLE-3's exact "
+                           "layout, which `specserve export eagle` writes for vLLM and SGLang)")
             h.add_argument("--ttt-steps", type=int, default=3, help="training-time-test unroll depth")
             h.add_argument("--intermediate-size", type=int, default=0, help="MLP width (0: the target's)")
         else:
@@ -148,6 +152,18 @@ def feature_layers(spec: str, num_layers: int) -> tuple[int, ...]:
     return layers
 
 
+def head_layers(args: argparse.Namespace, num_layers: int) -> tuple[str, tuple[int, ...]]:
+    """The head kind trained (eagle, eagle3 or medusa) and the layers it reads, refused before any data is made."""
+    if args.what != "eagle":
+        return args.what, (num_layers,)
+    if args.layout == "eagle3":
+        from specserve.drafters.heads.files import check_eagle3_layers
+        layers = feature_layers(args.features or "fused", num_layers)
+        check_eagle3_layers(layers, num_layers)
+        return "eagle3", layers
+    return "eagle", feature_layers(args.features or "last", num_layers)
+
+
 def train_head(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
@@ -158,13 +174,13 @@ def train_head(args: argparse.Namespace) -> int:
 
     target = load_model(args.model)
     num_layers = target.config.num_layers
-    layers = feature_layers(args.features, num_layers) if args.what == "eagle" else (num_layers,)
+    kind, layers = head_layers(args, num_layers)
     needed = tuple(sorted(set(data_layers(num_layers)) | set(layers)))
     if not (Path(args.data_dir) / "meta.json").exists():
         make_data(args, needed)
     meta, shards = tdata.load(args.data_dir)
     data = Data(meta, shards, layers)
-    cfg = TrainConfig(kind=args.what, layers=layers, vocab=args.vocab,
+    cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab,
                       steps=getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
                       batch_tokens=args.batch_tokens, positions=args.positions, max_steps=args.max_steps,
@@ -177,7 +193,7 @@ def train_head(args: argparse.Namespace) -> int:
         raise SpecserveError(f"{args.out} holds a checkpoint; pass --resume to continue it, or use another --out")
     import time
     t0 = time.perf_counter()
-    val = trainer.run(progress=_train_progress(args.what))
+    val = trainer.run(progress=_train_progress(kind))
     ntok = sum(len(s["tokens"]) for s in data.train)
     trainer.export(args.out, {"wall_seconds": round(time.perf_counter() - t0, 1),
                               "data": {"dir": args.data_dir, "prompts": meta["prompts"],

@@ -8,6 +8,8 @@ validation chain's depth j + 1 is read from).
 
 * EAGLE, with *training-time test* (EAGLE-3): the head is unrolled ``steps`` times over every
   sequence at once (``eagle_unroll``); every step's output at u predicts x_{u+2}: ahead 1, first j.
+  Both layouts (``eagle``, ``eagle3``: see ``modules``) train the same way; ``eagle3`` takes exactly
+  three feature layers inside the stack, the only ones vLLM and SGLang can feed it.
 * Medusa: block j over f^L_t predicts x_{t+2+j}: ahead 1 + j, first 0.
 """
 
@@ -18,7 +20,8 @@ import math
 import torch
 from torch import Tensor
 
-from specserve.drafters.heads import EagleHead, HeadConfig, new_config
+from specserve.drafters.heads import HeadConfig, new_config
+from specserve.drafters.heads.files import check_eagle3_layers
 
 
 def shift(x: Tensor, n: int) -> Tensor:
@@ -28,9 +31,10 @@ def shift(x: Tensor, n: int) -> Tensor:
     return torch.cat([torch.zeros_like(x[:, :n]), x[:, :-n]], 1)
 
 
-def eagle_unroll(head: EagleHead, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]:
+def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]:
     """Training-time test: g0 [B, T, hidden] fused real features, emb_next [B, T, hidden] embeddings
     of x_{u+1} -> ``steps`` outputs [B, T, hidden]; output j at u predicts x_{u+2} (valid for u >= j).
+    ``head``: an EagleHead or an Eagle3Head (the same ``inputs``, ``qkv``, ``finish``).
 
     Step j (0-based) at position u takes the embedding of x_{u+1} and, for j = 0, the fused real
     feature g_u, for j > 0 the step j-1 output at u - 1; it attends to the step-0 keys of positions
@@ -98,6 +102,14 @@ class EagleObjective(Objective):
         return cfg.val_depth
 
 
+class Eagle3Objective(EagleObjective):
+    """EAGLE-3's exact layout, trained as ``eagle`` is; refused unless vLLM and SGLang could serve it."""
+
+    def head_config(self, cfg, target) -> HeadConfig:
+        check_eagle3_layers(cfg.layers, target.config.num_layers)
+        return new_config("eagle3", target, list(cfg.layers), 0, cfg.intermediate_size)
+
+
 class MedusaObjective(Objective):
     def head_config(self, cfg, target) -> HeadConfig:
         return new_config("medusa", target, [target.config.num_layers], cfg.num_medusa, cfg.intermediate_size)
@@ -113,4 +125,5 @@ class MedusaObjective(Objective):
         return cfg.num_medusa
 
 
-OBJECTIVES: dict[str, Objective] = {"eagle": EagleObjective(), "medusa": MedusaObjective()}
+OBJECTIVES: dict[str, Objective] = {"eagle": EagleObjective(), "eagle3": Eagle3Objective(),
+                                    "medusa": MedusaObjective()}

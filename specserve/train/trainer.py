@@ -2,10 +2,10 @@
 
 The target's distribution p_t at position t (over x_{t+1}) is recomputed from the recorded final
 normed feature and the target's LM-head rows of the reduced vocabulary, renormalised over it.
-What a head kind trains on is its ``Objective`` (``objectives``: EAGLE's training-time test,
-Medusa's blocks), chosen by the config's ``kind``; the loss is the same for every kind:
-sum_j 0.8^j CE(p_{u+ahead_j}, q_j(u)) over the positions that train, output j aligned as its
-objective says.
+What a head kind trains on is its ``Objective`` (``objectives``: EAGLE's training-time test, for
+either EAGLE layout; Medusa's blocks), chosen by the config's ``kind``; the loss is the same for
+every kind: sum_j 0.8^j CE(p_{u+ahead_j}, q_j(u)) over the positions that train, output j aligned
+as its objective says.
 
 Validation acceptance: on the held-out last shard, the mean number of drafted tokens a greedy
 *chain* of the objective's validation depth accepts when the pending token is an answer token
@@ -33,12 +33,12 @@ STEP_DECAY = 0.8
 
 @dataclass
 class TrainConfig:
-    kind: str                                # eagle | medusa
-    layers: tuple[int, ...] = ()             # eagle: target feature layers fused (medusa: the final layer)
+    kind: str                                # eagle | eagle3 | medusa (``objectives.OBJECTIVES``)
+    layers: tuple[int, ...] = ()             # eagle, eagle3: target feature layers fused (medusa: the final layer)
     vocab: int = 8192                        # reduced vocabulary size
     steps: int = 3                           # eagle: training-time-test unroll depth
     num_medusa: int = 4
-    intermediate_size: int = 0               # eagle MLP width (0: the target's)
+    intermediate_size: int = 0               # eagle, eagle3 MLP width (0: the target's)
     epochs: int = 1
     lr: float = 1e-3
     batch_tokens: int = 4096

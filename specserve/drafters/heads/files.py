@@ -1,4 +1,5 @@
 """A head on disk and the target it was trained for: config, save, load, the target check.
+(Writing an ``eagle3`` head in the layout vLLM and SGLang load: ``specserve.export``.)
 
 A head is a folder: ``head.safetensors`` (the module's tensors in float16, and ``vocab_ids``
 int64 [Vr]) and ``config.json`` (``HeadConfig``).  The format is the one the shipped heads in
@@ -43,17 +44,32 @@ def save_head(directory: str | Path, cfg: HeadConfig, module: nn.Module, vocab_i
     (d / "config.json").write_text(cfg.to_json())
 
 
+def read_config(directory: str | Path) -> HeadConfig:
+    """A saved head's config alone (no tensors read)."""
+    return HeadConfig(**json.loads((Path(directory) / "config.json").read_text()))
+
+
 def load_head(directory: str | Path) -> tuple[HeadConfig, nn.Module, Tensor]:
     """The config, the module (float32, eval mode) and ``vocab_ids`` of a saved head."""
     from safetensors.torch import load_file
 
     d = Path(directory)
-    cfg = HeadConfig(**json.loads((d / "config.json").read_text()))
+    cfg = read_config(d)
     tensors = load_file(str(d / "head.safetensors"))
     vocab_ids = tensors.pop("vocab_ids")
     module = build(cfg)
     module.load_state_dict({k: v.float() for k, v in tensors.items()})
     return cfg, module.eval(), vocab_ids
+
+
+def check_eagle3_layers(layers, num_layers: int) -> None:
+    """Refuse feature layers vLLM and SGLang cannot feed an EAGLE-3 head: they fuse exactly three
+    layers' inputs (the residual stream entering decoder layer i, 1 <= i <= L - 1), each once."""
+    layers = list(layers)
+    if len(layers) != 3 or len(set(layers)) != 3 or not all(1 <= l <= num_layers - 1 for l in layers):
+        raise SpecserveError(f"the eagle3 layout reads three distinct feature layers in 1..{num_layers - 1} (the "
+                             f"inputs of three decoder layers, as vLLM and SGLang capture them), got {layers}; "
+                             f"use --features fused or three such layer numbers")
 
 
 def _probe_ids(vocab_size: int) -> Tensor:

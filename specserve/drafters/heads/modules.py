@@ -11,7 +11,18 @@ newest token; the target's distribution at t is over x_{t+1}).  Layers are named
 * **EAGLE** (one layer of the target's shape): the fused feature g_t = fuse(f_t) (the chosen layers
   concatenated, one linear map), and the embedding of x_{t+1}, go in; the output o_t predicts
   x_{t+2}.  Drafting deeper, the output o_t stands in for g_{t+1}, whose real features are not yet
-  known.  The layer attends causally over the sequence (rotary positions as the target's).
+  known.  The layer attends causally over the sequence (rotary positions as the target's).  Two
+  layouts of that layer, the same inputs and outputs:
+
+  - ``eagle`` (``EagleHead``, the shipped head's): x = fc([emb_norm(e) ; feat_norm(g)]), then a
+    standard pre-norm decoder layer over x (the residual stream starts at x).
+  - ``eagle3`` (``Eagle3Head``, EAGLE-3's exact layout, the one vLLM and SGLang load as
+    ``LlamaForCausalLMEagle3``): q, k, v read [input_norm(e) ; hidden_norm(g)] (2 * hidden wide),
+    the residual stream starts at g itself, then post_norm and the MLP; no fc.
+
+  Both expose the drafter's and the trainer's pieces: ``fused``, ``inputs`` (the layer input x),
+  ``qkv`` (attention is computed outside, over whatever keys a tree allows), ``finish`` and ``norm``;
+  each takes optional ``lin``, its linear maps by name (``LINEARS``) on other kernels.
 * **Medusa**: head j (1..M) is a residual block over f^L_t whose output predicts x_{t+1+j}.
 
 Tensors are float32 on the CPU at draft time; training (``specserve.train``) runs the same modules.
@@ -21,6 +32,7 @@ Saving, loading and the target check: ``specserve.drafters.heads.files``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -30,7 +42,7 @@ from torch import Tensor, nn
 
 @dataclass
 class HeadConfig:
-    kind: str                           # eagle | medusa
+    kind: str                           # eagle | eagle3 | medusa
     feature_layers: list[int]           # target layers read (see the module docstring)
     hidden_size: int
     num_heads: int = 0                  # eagle: the layer's attention shape (the target's)
@@ -68,8 +80,38 @@ def rotary(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-class EagleHead(nn.Module):
+Linears = Mapping[str, Callable[[Tensor], Tensor]] | None    # a head's linear maps by name (None: its own)
+
+
+class _OneLayer(nn.Module):
+    """What both EAGLE layouts share: the fusion, attention's projections, the SiLU-gated MLP."""
+
+    LINEARS: tuple[str, ...] = ()
+
+    def _lin(self, lin: Linears, name: str) -> Callable[[Tensor], Tensor]:
+        return lin[name] if lin is not None else getattr(self, name)
+
+    def fused(self, feats: Tensor, lin: Linears = None) -> Tensor:
+        """feats [..., F, hidden] (the configured layers, in order) -> g [..., hidden]."""
+        return self._lin(lin, "fuse")(feats.flatten(-2))
+
+    def _project(self, hn: Tensor, pos: Tensor, lin: Linears) -> tuple[Tensor, Tensor, Tensor]:
+        """hn [..., T, in], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
+        c = self.cfg
+        q = self._lin(lin, "q")(hn).unflatten(-1, (c.num_heads, c.head_dim))
+        k, v = self._lin(lin, "kv")(hn).unflatten(-1, (2, c.num_kv_heads, c.head_dim)).unbind(-3)
+        return rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta), v
+
+    def _mlp(self, r: Tensor, norm: nn.Module, lin: Linears) -> Tensor:
+        """r [..., hidden] (the residual stream after attention) -> r + down(SiLU(gate) * up)(norm(r))."""
+        a, b = self._lin(lin, "gate_up")(norm(r)).chunk(2, -1)
+        return r + self._lin(lin, "down")(F.silu(a) * b)
+
+
+class EagleHead(_OneLayer):
     """fuse -> [embedding ; fused feature] -> one pre-norm decoder layer -> norm (-> reduced LM head)."""
+
+    LINEARS = ("fuse", "fc", "q", "kv", "o", "gate_up", "down")
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -86,27 +128,56 @@ class EagleHead(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
 
-    def fused(self, feats: Tensor) -> Tensor:
-        """feats [..., F, hidden] (the configured layers, in order) -> g [..., hidden]."""
-        return self.fuse(feats.flatten(-2))
-
-    def inputs(self, g: Tensor, emb: Tensor) -> Tensor:
+    def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x [..., hidden]."""
-        return self.fc(torch.cat([self.emb_norm(emb), self.feat_norm(g)], -1))
+        return self._lin(lin, "fc")(torch.cat([self.emb_norm(emb), self.feat_norm(g)], -1))
 
-    def qkv(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, x: Tensor, pos: Tensor, lin: Linears = None) -> tuple[Tensor, Tensor, Tensor]:
         """x [..., T, hidden], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
-        c = self.cfg
-        hn = self.attn_norm(x)
-        q = self.q(hn).unflatten(-1, (c.num_heads, c.head_dim))
-        k, v = self.kv(hn).unflatten(-1, (2, c.num_kv_heads, c.head_dim)).unbind(-3)
-        return rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta), v
+        return self._project(self.attn_norm(x), pos, lin)
 
-    def finish(self, x: Tensor, att: Tensor) -> Tensor:
+    def finish(self, x: Tensor, att: Tensor, lin: Linears = None) -> Tensor:
         """x [..., hidden] (the layer input), att [..., H * d] -> the layer output o [..., hidden]."""
-        x = x + self.o(att)
-        a, b = self.gate_up(self.ffn_norm(x)).chunk(2, -1)
-        return x + self.down(F.silu(a) * b)
+        return self._mlp(x + self._lin(lin, "o")(att), self.ffn_norm, lin)
+
+
+class Eagle3Head(_OneLayer):
+    """EAGLE-3's layout (vLLM's and SGLang's ``LlamaForCausalLMEagle3``): fuse -> g; attention over
+    [input_norm(embedding) ; hidden_norm(g)] with g as the residual; post_norm, MLP; norm.
+
+    Its layer input x [..., 2 * hidden] is [input_norm(e) ; g]: the normed embedding and the raw
+    state, which ``qkv`` norms and ``finish`` takes as the residual.  The output o (before ``norm``)
+    is what vLLM calls the pre-norm hidden state, fed back as the next draft step's g."""
+
+    LINEARS = ("fuse", "q", "kv", "o", "gate_up", "down")
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.cfg = cfg
+        self.fuse = nn.Linear(len(cfg.feature_layers) * h, h, bias=False)                # vLLM's fc
+        self.input_norm, self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
+        self.q = nn.Linear(2 * h, cfg.num_heads * cfg.head_dim, bias=False)
+        self.kv = nn.Linear(2 * h, 2 * cfg.num_kv_heads * cfg.head_dim, bias=False)      # k rows first
+        self.o = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
+        self.post_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)               # gate rows first
+        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+
+    def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
+        """g, emb [..., hidden] -> the layer's input x = [input_norm(emb) ; g] [..., 2 * hidden]."""
+        return torch.cat([self.input_norm(emb), g], -1)
+
+    def qkv(self, x: Tensor, pos: Tensor, lin: Linears = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x [..., T, 2 * hidden], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
+        h = self.cfg.hidden_size
+        return self._project(torch.cat([x[..., :h], self.hidden_norm(x[..., h:])], -1), pos, lin)
+
+    def finish(self, x: Tensor, att: Tensor, lin: Linears = None) -> Tensor:
+        """x [..., 2 * hidden] (the layer input), att [..., H * d] -> the layer output o [..., hidden]."""
+        r = x[..., self.cfg.hidden_size:] + self._lin(lin, "o")(att)
+        return self._mlp(r, self.post_norm, lin)
 
 
 class MedusaHeads(nn.Module):
@@ -125,7 +196,8 @@ class MedusaHeads(nn.Module):
         return torch.stack([f + F.silu(b(f)) for b in self.blocks], -2)
 
 
-MODULES: dict[str, type[nn.Module]] = {"eagle": EagleHead, "medusa": MedusaHeads}   # HeadConfig.kind -> module
+MODULES: dict[str, type[nn.Module]] = {"eagle": EagleHead, "eagle3": Eagle3Head,     # HeadConfig.kind -> module
+                                       "medusa": MedusaHeads}
 
 
 def build(cfg: HeadConfig) -> nn.Module:
