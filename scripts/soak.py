@@ -187,7 +187,7 @@ def malformed(rng: random.Random, drafter: str, loaded: str, not_loaded: list[st
              ("empty body", ""), ("max_tokens wrong type", body | {"max_tokens": "ten"}),
              ("temperature wrong type", body | {"temperature": "hot"}), ("stream wrong type", body | {"stream": "yes"}),
              ("seed wrong type", body | {"seed": 1.5}), ("unknown model", body | {"model": f"nope-{n}"}),
-             ("max_tokens past the context", body | {"max_tokens": rng.choice([2040, 4096])}),
+             ("max_tokens past the context", body | {"max_tokens": rng.choice([2048, 4096])}),   # any prompt + 2048 > 2048
              ("max_tokens negative", body | {"max_tokens": -n}),
              ("unknown drafter", body | {"speculative": {"drafter": f"bogus-{n}"}}),
              ("empty drafter", body | {"speculative": {"drafter": ""}}),
