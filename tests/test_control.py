@@ -82,7 +82,7 @@ def test_a_new_sequence_inherits_its_drafters_probe_gap(target):
     """After a drafter's probes failed on one request, the next request of that drafter waits as long
     before its first probe; a successful probe gives the short gap back."""
     eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
-    eng.controller.cost = MODERATE
+    eng.controller.cost = MODERATE.fresh()
     eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO)])
     gap = eng.controller.drafter_gap["o"]
     assert gap >= 16                                                               # probes failed and backed off
@@ -109,7 +109,7 @@ def plain(target):
 
 def run(target, name, drafter, cost, prompts, n=60, batch=1):
     eng = Engine(target, {name: drafter}, max_batch=batch, max_len=160)
-    eng.controller.cost = cost
+    eng.controller.cost = cost.fresh()        # a copy: the engine corrects its own, never the shared one
     return eng.generate([Request(p, n, drafter=name, num_draft=AUTO) for p in prompts])
 
 
@@ -179,7 +179,7 @@ def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(tar
     for calibration is its confidence alone (0), so accepting nothing does not lower the drafter's
     calibration."""
     eng = Engine(target, {"x": create("ngram-tree", target)}, max_batch=1, max_len=160)
-    eng.controller.cost = MODERATE
+    eng.controller.cost = MODERATE.fresh()
     prop = DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0], [0.0, 0.5])
     proposals = {0: prop}
     slot, plan = Slot(0, "x", AUTO, 10, 50), StepPlan({0: 2})
