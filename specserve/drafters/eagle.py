@@ -22,9 +22,14 @@ Under sampling the head drafts a chain: each token drawn from q, the head's dist
 reduced vocabulary processed like the target's (temperature, top-k, top-p) and zero outside the
 vocabulary, and q is returned for exact rejection sampling.
 
-Drafting runs per sequence; the head's key/value entries of real positions are kept per sequence
-and extended, when a draft is next asked for, with the positions committed since the last one (a
-step that asks for no draft costs nothing beyond keeping the features).
+The head's key/value entries of real positions are kept per sequence and extended, when a draft is
+next asked for, with the positions committed since the last one (a step that asks for no draft costs
+nothing beyond keeping references to the features).  The sequences drafting in one step share the
+head's calls: one call for their new real entries, then one per depth for all their trees' expanded
+nodes (attention alone runs per sequence, over its own entries); a tree's bookkeeping is a few array
+operations per depth on its whole frontier, its ancestor mask grown a depth at a time
+(``specserve.drafters.heads.tree``).  q, k and v are one matrix product, rotary positions come from
+a table, and a sampled chain's depths are one call for all the sampled sequences.
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
-from specserve.drafters.heads.modules import rotary
-from specserve.drafters.heads.runtime import (depth_first, describe_head, head_option, head_path, open_head,
-                                              positive, sampled_chain)
+from specserve.drafters.heads.runtime import (describe_head, head_option, head_path, open_head, positive,
+                                              RopeTable, rms, sampled_chains)
+from specserve.drafters.heads.tree import Tree
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
 
@@ -50,7 +56,7 @@ class _Seq:
     def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None):
         self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_fused
         self.n_fused = 0
-        self.raw: list[Tensor] = []                         # features not fused yet ([n, F, hidden] each)
+        self.raw: list[tuple[Tensor, ...]] = []             # features not fused yet (per layer [n, hidden])
         self.n_feat = 0                                     # positions whose features arrived
         self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
         self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
@@ -69,6 +75,9 @@ class _Seq:
             grown = torch.empty((new,) + tuple(old.shape[1:]))
             grown[:cap] = old
             setattr(self, name, grown)
+
+
+_Part = tuple[_Seq, int, int, "Tensor | None"]   # (state, first slot, rows, mask): see EagleDrafter._entries
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,11 @@ class EagleDrafter(Drafter):
         self.head = module
         self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
                     for name in ("fuse", "fc", "q", "kv", "o", "gate_up", "down")}
+        self.lin["qkv"] = m.matmul(torch.cat([module.q.weight, module.kv.weight]))  # q, k, v in one product
         self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
+        self.rope = RopeTable(self.cfg.head_dim, self.cfg.rope_theta)
         self.vocab_list = self.vocab_ids.tolist()
+        self.vocab_np = self.vocab_ids.numpy()
         self.vocab_size = target.config.vocab_size
         self.seqs: dict[int, _Seq] = {}
         self.max_len = 4096
@@ -127,125 +139,171 @@ class EagleDrafter(Drafter):
         s = self.seqs.get(fb.seq_id)
         if s is None or not fb.features:
             return
-        feats = torch.stack([fb.features[l].float().cpu() for l in self.feature_layers], 1)    # [n, F, hidden]
+        feats = tuple(fb.features[l] for l in self.feature_layers)
         s.raw.append(feats)                                   # fused when next drafted from (lazily:
-        s.n_feat += feats.shape[0]                            # no work while no draft is asked for)
+        s.n_feat += feats[0].shape[0]                         # no work while no draft is asked for)
 
     # -- the head ----------------------------------------------------------------------------------------
-    def _entries(self, s: _Seq, g: Tensor, tokens: list[int], pos: Tensor, at: int, mask: Tensor | None) -> Tensor:
-        """Run head entries: g [M, hidden] state inputs, tokens (M embeddings), pos [M] rotary positions;
-        their keys/values are written at slots at..at+M-1.  Keys visible: slots [0, at + M) under
-        ``mask`` [M, at + M] (None: causal over the slots).  Returns the outputs [M, hidden]."""
-        h, c = self.head, self.cfg
-        emb = self.target.model.weight_rows("embed", torch.tensor(tokens)).cpu()
-        x = self.lin["fc"](torch.cat([h.emb_norm(emb), h.feat_norm(g)], -1))
-        hn = h.attn_norm(x)
-        q = self.lin["q"](hn).view(-1, c.num_heads, c.head_dim)
-        k, v = self.lin["kv"](hn).view(-1, 2, c.num_kv_heads, c.head_dim).unbind(1)
-        q, k = rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta)
-        m = len(tokens)
+    def _entries(self, parts: list[_Part], g: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:
+        """Run head entries, of one sequence or several at once: g [M, hidden] state inputs, tokens [M]
+        (embedding ids), pos [M] rotary positions; the rows are the parts' in order, a part (s, at, m,
+        mask) being m rows of sequence s whose keys/values are written at its slots at..at+m-1 (see
+        ``_attend`` for the keys they see).  Returns the outputs [M, hidden]."""
+        h = self.head
+        emb = self.target.model.weight_rows("embed", tokens).cpu()
+        x = self.lin["fc"](torch.cat([rms(h.emb_norm, emb), rms(h.feat_norm, g)], -1))
+        q, k, v = self._qkv(rms(h.attn_norm, x), pos)
+        att, lo = [], 0
+        for s, at, m, mask in parts:
+            att.append(self._attend(s, at, mask, q[lo:lo + m], k[lo:lo + m], v[lo:lo + m]))
+            lo += m
+        x = x + self.lin["o"](torch.cat(att) if len(att) > 1 else att[0])
+        a, b = self.lin["gate_up"](rms(h.ffn_norm, x)).chunk(2, -1)
+        return x + self.lin["down"](torch.nn.functional.silu(a) * b)
+
+    def _qkv(self, hn: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """hn [M, hidden] (normed) -> q [M, H, d] (contiguous), k, v [M, Hkv, d]: one product, RoPE
+        on q and k at once (the same values as ``rotary``, its cos and sin read from the table)."""
+        c = self.cfg
+        hq, hk = c.num_heads, c.num_kv_heads
+        qkv = self.lin["qkv"](hn).view(len(hn), hq + 2 * hk, c.head_dim)
+        qk = self.rope.rotate(qkv[:, :hq + hk], pos)
+        return qk[:, :hq].contiguous(), qk[:, hq:], qkv[:, hq + hk:]
+
+    def _attend(self, s: _Seq, at: int, mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One sequence's m rows: q [m, H, d], k, v [m, Hkv, d] written at slots at..at+m-1.  Keys
+        visible: its real entries, and then slots n_real..at+m-1 under ``mask`` [m, at + m - n_real]
+        (None: causal over all the slots).  Returns the attention output [m, H * d]."""
+        c = self.cfg
+        m = len(q)
         s.k[at:at + m], s.v[at:at + m] = k, v
         keys, vals = s.k[:at + m], s.v[:at + m]
         # grouped-query attention without copying keys: q [m, Hkv, rep, d] against k [K, Hkv, d]
         q = q.view(m, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
         scores = torch.einsum("qgrd,kgd->grqk", q, keys) * (1.0 / math.sqrt(c.head_dim))
-        if mask is None:
-            mask = torch.ones(m, at + m, dtype=torch.bool).tril(at)
-        att = torch.einsum("grqk,kgd->qgrd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
-                           vals).reshape(m, -1)
-        x = x + self.lin["o"](att)
-        a, b = self.lin["gate_up"](h.ffn_norm(x)).chunk(2, -1)
-        return x + self.lin["down"](torch.nn.functional.silu(a) * b)
+        if mask is not None:
+            scores[..., s.n_real:].masked_fill_(~mask, float("-inf"))
+        elif m > 1:
+            scores[..., at:].masked_fill_(torch.ones(m, m, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.einsum("grqk,kgd->qgrd", scores.softmax(-1), vals).reshape(m, -1)
 
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
-        return self.lm(self.head.norm(o))
+        return self.lm(rms(self.head.norm, o))
 
-    def _catch_up(self, s: _Seq, tokens: list[int]) -> None:
-        """Real entries for every position whose features and next token are known (t <= n - 1)."""
-        n = len(tokens) - 1                                    # the pending token's position
-        if s.n_feat != n:
-            raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {n}")
-        if s.raw:
-            s.reserve(n + self.max_tree_depth * self.topk + 1)
-            s.g[s.n_fused:n] = self.lin["fuse"](torch.cat(s.raw).flatten(1))
-            s.raw, s.n_fused = [], n
-        lo = s.n_real
-        if lo < n:
-            pos = torch.arange(lo, n)
-            out = self._entries(s, s.g[lo:n], tokens[lo + 1:n + 1], pos, lo, None)
-            s.n_real, s.last = n, out[-1]
+    def _catch_up(self, batch: list[tuple[_Seq, list[int]]]) -> None:
+        """Real entries for every position whose features and next token are known (t <= n - 1), for
+        each sequence of ``batch`` ((state, tokens)): one fuse and one entries call for them all."""
+        for s, tokens in batch:
+            if s.n_feat != len(tokens) - 1:                    # len - 1: the pending token's position
+                raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {len(tokens) - 1}")
+        fresh = [s for s, _ in batch if s.raw]
+        if fresh:
+            raw = torch.cat([torch.cat(p, -1) for s in fresh for p in s.raw]).float().cpu()   # [N, F * hidden]
+            fused, lo = self.lin["fuse"](raw), 0
+            for s in fresh:
+                n, m = s.n_feat, s.n_feat - s.n_fused
+                s.reserve(n + self.max_tree_depth * self.topk + 1)
+                s.g[s.n_fused:n] = fused[lo:lo + m]
+                s.raw, s.n_fused, lo = [], n, lo + m
+        parts: list[_Part] = []
+        g, tokens, pos = [], [], []
+        for s, toks in batch:
+            lo, n = s.n_real, len(toks) - 1
+            self.rope.reserve(n + self.max_tree_depth + 1)
+            if lo < n:
+                parts.append((s, lo, n - lo, None))
+                g.append(s.g[lo:n])
+                tokens += toks[lo + 1:n + 1]
+                pos += range(lo, n)
+        if parts:
+            out = self._entries(parts, torch.cat(g) if len(g) > 1 else g[0], torch.tensor(tokens), torch.tensor(pos))
+            end = 0
+            for s, lo, m, _ in parts:
+                end += m
+                s.n_real, s.last = lo + m, out[end - 1]
+
+    def _top(self, o: Tensor, parts: list[tuple[int, int]]) -> list[tuple[Tensor, Tensor]]:
+        """The head's likeliest tokens after outputs o [M, hidden]: per part (m rows, kk), its rows' top
+        kk (log-probabilities [m, kk] float32, indices into the reduced vocabulary [m, kk])."""
+        logp = self._logits(o).log_softmax(-1)
+        kks = {kk for _, kk in parts}
+        whole = logp.topk(kks.pop()) if len(kks) == 1 else None
+        out, lo = [], 0
+        for m, kk in parts:
+            out.append((whole.values[lo:lo + m], whole.indices[lo:lo + m]) if whole is not None
+                       else logp[lo:lo + m].topk(kk))
+            lo += m
+        return out
 
     # -- drafting ------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        out = []
-        for r in requests:
-            s = self.seqs[r.seq_id]
-            depth = min(self.max_tree_depth, r.max_depth, r.k)
-            if depth > 0:
-                self._catch_up(s, r.tokens)                   # positions committed since the last draft
-            if depth <= 0 or s.last is None:
-                out.append(DraftProposal([]))
-            elif r.sampling.greedy:
-                out.append(self._tree(s, len(r.tokens) - 1, r.k, depth))
+        out = [DraftProposal([]) for _ in requests]
+        asked = [(i, r, self.seqs[r.seq_id], min(self.max_tree_depth, r.max_depth, r.k)) for i, r in enumerate(requests)]
+        asked = [a for a in asked if a[3] > 0]                # a request for no draft costs nothing
+        if asked:
+            self._catch_up([(s, r.tokens) for _, r, s, _ in asked])   # positions committed since the last draft
+        trees, chains = [], []
+        for i, r, s, depth in asked:
+            n = len(r.tokens) - 1
+            if s.last is None:
+                continue
+            if r.sampling.greedy:
+                kk = min(self.topk, len(self.vocab_ids), r.k)
+                trees.append((i, (s, n, Tree(r.k, depth, kk, self.cfg.hidden_size))))
             else:
-                out.append(self._chain(s, len(r.tokens) - 1, depth, r.sampling))
+                chains.append((i, (s, n, depth, r.sampling)))
+        if trees:
+            self._trees([w for _, w in trees])
+            for i, (_, _, t) in trees:
+                out[i] = t.proposal(self.vocab_np)
+        if chains:
+            for (i, _), p in zip(chains, self._chains([w for _, w in chains])):
+                out[i] = p
         return out
 
-    def _tree(self, s: _Seq, n: int, budget: int, depth: int) -> DraftProposal:
-        """EAGLE-2's dynamic tree (module docstring) after pending position n.  Only nodes that can
-        still reach the final top-``budget`` are expanded: a node whose cumulative probability is
-        not above the budget-th best so far cannot, since its children's never exceed its own."""
-        kk = min(self.topk, len(self.vocab_ids), budget)
-        logp = self._logits(s.last[None]).log_softmax(-1)[0]
-        top = logp.topk(kk)
-        tokens = [self.vocab_list[i] for i in top.indices.tolist()]
-        parents, cum = [-1] * kk, top.values.tolist()
-        depths, slot = [1] * kk, [-1] * kk                     # slot: the node's head entry (-1: none yet)
-        outputs: dict[int, Tensor] = {}
-        frontier = list(range(kk))
-        used = 0
-        for d in range(1, depth):
-            bar = sorted(cum, reverse=True)[budget - 1] if len(cum) >= budget else float("-inf")
-            expand = [i for i in sorted(frontier, key=lambda i: -cum[i])[:kk] if cum[i] > bar]
-            if not expand:
+    def _trees(self, work: list[tuple[_Seq, int, Tree]]) -> None:
+        """EAGLE-2's dynamic trees (module docstring) after pending positions n, for every (state, n,
+        tree) of ``work`` together: one call to the head for their roots, then one per depth for all
+        the nodes they expand (``Tree.select``: only nodes that can still reach the final top budget)."""
+        for (_, _, t), (v, i) in zip(work, self._top(torch.stack([s.last for s, _, _ in work]),
+                                                     [(1, t.kk) for _, _, t in work])):
+            t.roots(v[0], i[0])
+        for d in range(1, max(t.depth for _, _, t in work)):
+            live = [(s, n, t) for s, n, t in work if d < t.depth and not t.done and t.select()]
+            if not live:
                 break
-            at = s.n_real + used
-            used += len(expand)
-            for j, i in enumerate(expand):
-                slot[i] = at + j
-            mask = torch.zeros(len(expand), at + len(expand), dtype=torch.bool)
-            mask[:, :s.n_real] = True
-            for j, i in enumerate(expand):
-                a = i
-                while a >= 0:
-                    mask[j, slot[a]] = True
-                    a = parents[a]
-            g = torch.stack([s.last if parents[i] < 0 else outputs[parents[i]] for i in expand])
-            o = self._entries(s, g, [tokens[i] for i in expand], torch.tensor([n - 1 + d] * len(expand)), at, mask)
-            top = self._logits(o).log_softmax(-1).topk(kk)
-            frontier = []
-            for j, i in enumerate(expand):
-                outputs[i] = o[j]
-                for v, t in zip(top.values[j].tolist(), top.indices[j].tolist()):
-                    tokens.append(self.vocab_list[t])
-                    parents.append(i)
-                    cum.append(cum[i] + v)
-                    depths.append(d + 1)
-                    slot.append(-1)
-                    frontier.append(len(tokens) - 1)
-        keep = sorted(range(len(tokens)), key=lambda i: (-cum[i], depths[i], i))[:budget]
-        return depth_first(tokens, parents, cum, set(keep))
+            g = torch.empty(sum(len(t.expand) for _, _, t in live), self.cfg.hidden_size)
+            parts: list[_Part] = []
+            tokens, pos, lo = [], [], 0
+            for s, n, t in live:
+                m = len(t.expand)
+                tok, mask = t.entries(s.last, g[lo:lo + m])
+                parts.append((s, s.n_real + t.used - m, m, mask))
+                tokens.append(tok)
+                pos += [n - 1 + d] * m
+                lo += m
+            o = self._entries(parts, g, torch.from_numpy(self.vocab_np[np.concatenate(tokens)]), torch.tensor(pos))
+            lo = 0
+            for (s, n, t), (v, i) in zip(live, self._top(o, [(len(t.expand), t.kk) for _, _, t in live])):
+                t.grow(o[lo:lo + len(v)], v, i)
+                lo += len(v)
 
-    def _chain(self, s: _Seq, n: int, depth: int, sampling: SamplingParams) -> DraftProposal:
-        """A sampled chain with its q rows (module docstring): depth d + 1's logits come from the entry
-        of depth d's token, causal over the slots (the real entries, the chain's earlier entries, itself)."""
-        out = [s.last]                                        # out[d]: the output depth d + 1 is drawn from
+    def _chains(self, work: list[tuple[_Seq, int, int, SamplingParams]]) -> list[DraftProposal]:
+        """Sampled chains with their q rows (module docstring) for every (state, n, depth, sampling) of
+        ``work``, drawn a depth at a time with one head call for all: depth d + 1's logits come from the
+        entry of depth d's token, causal over the slots (the real entries, the chain's earlier entries,
+        itself).  Each chain draws from its own generator, in its own order (``sampled_chains``)."""
+        out = [s.last for s, *_ in work]                      # out[j]: what chain j draws its next token after
 
-        def logits_at(d: int, drawn: list[int]) -> Tensor:
+        def logits_at(d: int, live: list[int], drawn: list[list[int]]) -> Tensor:
             if d > 0:
-                out.append(self._entries(s, out[-1][None], [drawn[-1]], torch.tensor([n + d - 1]),
-                                         s.n_real + d - 1, None)[0])
-            return self._logits(out[-1][None])[0]
-        return sampled_chain(logits_at, depth, self.vocab_ids, self.vocab_size, sampling, s.gen)
+                parts: list[_Part] = [(work[j][0], work[j][0].n_real + d - 1, 1, None) for j in live]
+                o = self._entries(parts, torch.stack([out[j] for j in live]),
+                                  torch.tensor([drawn[j][-1] for j in live]), torch.tensor([work[j][1] + d - 1 for j in live]))
+                for j, row in zip(live, o):
+                    out[j] = row
+            return self._logits(torch.stack([out[j] for j in live]))
+        return sampled_chains(logits_at, [w[2] for w in work], self.vocab_ids, self.vocab_size,
+                              [w[3] for w in work], [w[0].gen for w in work])

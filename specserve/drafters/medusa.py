@@ -11,6 +11,9 @@ probabilities (the heads are independent), and the k most confident nodes are gr
 Sampling: a chain, depth j's token drawn from block j's q (processed like the target's, zero outside
 the reduced vocabulary); q does not depend on the earlier drafted tokens, which is what the heads
 compute, so rejection sampling against it is exact.
+
+The sequences drafting in one step share the heads' calls: the blocks are one matrix product (their
+weights stacked), then one reduced LM head product, one log-softmax and one top-k for all of them.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ class MedusaDrafter(Drafter):
         self.topk = o.topk
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
-        self.blocks = [m.matmul(b.weight, b.bias) for b in module.blocks]          # on the target's kernels
+        self.n_blocks = len(module.blocks)
+        self.stacked = m.matmul(torch.cat([b.weight for b in module.blocks]),       # on the target's kernels,
+                                torch.cat([b.bias for b in module.blocks]))         # all blocks in one product
         self.lm = m.matmul(m.weight_rows("lm_head", vocab_ids).cpu())         # the reduced LM head [Vr, hidden]
         self.vocab_ids, self.vocab_list = vocab_ids, vocab_ids.tolist()
         self.vocab_size = target.config.vocab_size
@@ -77,33 +82,38 @@ class MedusaDrafter(Drafter):
         if f is not None and len(f):
             self.last[fb.seq_id] = f[-1].float().cpu()
 
-    @torch.inference_mode()
     def _logits(self, f: Tensor, depth: int) -> Tensor:
-        """f [hidden] -> the first ``depth`` blocks' reduced-vocabulary logits [depth, Vr]."""
-        x = f[None]
-        h = torch.cat([x + torch.nn.functional.silu(b(x)) for b in self.blocks[:depth]])
-        return self.lm(h)
+        """f [S, hidden] -> the first ``depth`` blocks' reduced-vocabulary logits [S, depth, Vr]."""
+        h = self.stacked(f).view(len(f), -1, f.shape[1])[:, :depth]            # [S, depth, hidden]
+        h = f[:, None] + torch.nn.functional.silu(h)
+        return self.lm(h.reshape(-1, f.shape[1])).view(len(f), depth, -1)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        out = []
-        for r in requests:
-            depth = min(len(self.blocks), r.max_depth, r.k)
-            f = self.last.get(r.seq_id)
-            if depth <= 0 or f is None:
-                out.append(DraftProposal([]))
-            elif r.sampling.greedy:
-                out.append(self._tree(self._logits(f, depth).log_softmax(-1), r.k))
-            else:
-                logits = self._logits(f, depth)                   # [depth, Vr]: the heads see no drafted token
-                out.append(sampled_chain(lambda d, drawn: logits[d], depth, self.vocab_ids, self.vocab_size,
-                                         r.sampling, self.gen[r.seq_id]))
+        out = [DraftProposal([]) for _ in requests]
+        asked = [(i, r, min(self.n_blocks, r.max_depth, r.k), self.last.get(r.seq_id)) for i, r in enumerate(requests)]
+        asked = [a for a in asked if a[2] > 0 and a[3] is not None]
+        if not asked:
+            return out
+        f = asked[0][3][None] if len(asked) == 1 else torch.stack([f for *_, f in asked])
+        logits = self._logits(f, max(d for _, _, d, _ in asked))
+        greedy = [j for j, (_, r, _, _) in enumerate(asked) if r.sampling.greedy]
+        if greedy:
+            rows = logits if len(greedy) == len(asked) else logits[greedy]
+            top = rows.log_softmax(-1).topk(min(self.topk, logits.shape[2]))
+            vals, idx = top.values.tolist(), top.indices.tolist()
+            for j, v, ix in zip(greedy, vals, idx):
+                i, r, depth, _ = asked[j]
+                out[i] = self._tree(v[:depth], ix[:depth], r.k)
+        for j, (i, r, depth, _) in enumerate(asked):
+            if not r.sampling.greedy:                               # [depth, Vr]: the heads see no drafted token
+                out[i] = sampled_chain(lambda d, drawn, lg=logits[j]: lg[d], depth, self.vocab_ids, self.vocab_size,
+                                       r.sampling, self.gen[r.seq_id])
         return out
 
-    def _tree(self, logp: Tensor, budget: int) -> DraftProposal:
-        """Best-first over the Cartesian product of each depth's top tokens (module docstring)."""
-        top = logp.topk(min(self.topk, logp.shape[1]))
-        vals, idx = top.values.tolist(), top.indices.tolist()
+    def _tree(self, vals: list[list[float]], idx: list[list[int]], budget: int) -> DraftProposal:
+        """Best-first over the Cartesian product of each depth's top tokens (module docstring): vals,
+        idx [depth][topk], each depth's top log-probabilities (likeliest first) and their indices."""
         depth = len(vals)
         tokens, parents, score = [], [], []
         heap = [(-vals[0][c], -1, 0, c) for c in range(len(vals[0]))]      # (-score, parent, depth index, choice)

@@ -95,6 +95,43 @@ def head_option(kind: str):
                   check=check_head_path)
 
 
+def rms(norm: torch.nn.Module, x: Tensor) -> Tensor:
+    """``norm(x)`` for a head's ``RMSNorm``, as one call: ``rms_norm`` runs the same operations in the
+    same order (x * rsqrt(mean(x^2) + eps) * weight), so the same bits, without five dispatches."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+
+
+class RopeTable:
+    """Rotate-half RoPE with cos and sin read from a table of positions: ``rotate(x, pos)`` gives
+    ``modules.rotary(x, pos, theta)`` bit for bit.  The table (grown by doubling) is computed by the
+    same operations, a block of positions per call (below torch's grain: one thread, whole vectors);
+    rotate_half(x) * sin is x with its halves swapped times sin with its first half negated."""
+
+    BLOCK = 256
+
+    def __init__(self, head_dim: int, theta: float):
+        d, half = head_dim, head_dim // 2
+        self.inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.swap = torch.cat([torch.arange(half, d), torch.arange(half)])
+        self.cos = self.sin = torch.empty(0, 1, d)                # [P, 1, d]
+
+    def reserve(self, n: int) -> None:
+        """Positions 0..n-1 in the table."""
+        if n > len(self.cos):
+            size = max(n, 2 * len(self.cos), self.BLOCK)
+            cos, sin = [], []
+            for lo in range(0, size, self.BLOCK):
+                ang = torch.arange(lo, min(lo + self.BLOCK, size)).to(torch.float32)[:, None] * self.inv
+                c, s = ang.cos(), ang.sin()
+                cos.append(torch.cat([c, c], -1))
+                sin.append(torch.cat([-s, s], -1))
+            self.cos, self.sin = torch.cat(cos)[:, None], torch.cat(sin)[:, None]
+
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        """x [M, heads, d], pos [M] (reserved positions) -> x rotated (a new tensor)."""
+        return x * self.cos[pos] + x.index_select(-1, self.swap) * self.sin[pos]
+
+
 def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, vocab_ids: Tensor, vocab_size: int,
                   sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
     """A chain of ``depth`` tokens drawn one by one with ``sample_reduced``, with its q rows.
@@ -112,6 +149,26 @@ def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, voc
         probs.append(q)
         conf.append(c)
     return DraftProposal(tokens, torch.stack(probs), None, conf)
+
+
+def sampled_chains(logits_at: Callable[[int, list[int], list[list[int]]], Tensor], depths: list[int],
+                   vocab_ids: Tensor, vocab_size: int, samplings: list[SamplingParams],
+                   gens: list[torch.Generator]) -> list[DraftProposal]:
+    """``sampled_chain`` for several sequences at once, drawn a depth at a time: ``logits_at(d, live,
+    drawn)`` gives the logits [len(live), Vr] of depth d + 1 for the chains ``live`` (those with
+    depths[j] > d), given ``drawn[j]``, the tokens each chain drew so far.  Chain j draws from
+    ``gens[j]`` in the order ``sampled_chain`` does, so it gets the same tokens and q rows."""
+    drawn: list[list[int]] = [[] for _ in depths]
+    probs: list[list[Tensor]] = [[] for _ in depths]
+    conf: list[list[float]] = [[] for _ in depths]
+    for d in range(max(depths, default=0)):
+        live = [j for j, n in enumerate(depths) if n > d]
+        for j, row in zip(live, logits_at(d, live, drawn)):
+            tok, p, q = sample_reduced(row, vocab_ids, vocab_size, samplings[j], gens[j])
+            conf[j].append(conf[j][-1] * p if conf[j] else 1.0 * p)
+            drawn[j].append(tok)
+            probs[j].append(q)
+    return [DraftProposal(t, torch.stack(q), None, c) for t, q, c in zip(drawn, probs, conf)]
 
 
 def depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:

@@ -1,0 +1,161 @@
+"""The learned drafters' fast paths against their slow reference (tests/eagle_reference.py: the code
+before drafting was vectorised and batched).
+
+Both are driven through the same steps: several sequences, each step a batch of requests with mixed
+budgets (0 included: a step that drafts nothing), depth limits and sampling settings, the committed
+tokens' features handed back after every step.  The fast drafter gets each step's requests in one
+call, the reference one request at a time; their proposals must be the same trees (tokens, parents,
+order; confidences equal to float tolerance, bit for bit where the head's shapes keep every kernel
+on one code path), and sampled chains the same tokens, the same q rows and the same draws from each
+sequence's generator.  On tiny random targets with random heads (torch and native kernels, int8
+activations included), and on the real default model with the shipped heads (slow).
+"""
+
+import random
+
+import pytest
+import torch
+
+from conftest import prompt_features, tiny_head, tiny_model
+from eagle_reference import RefEagle, RefMedusa
+from specserve.drafters import DraftProposal, DraftRequest, Feedback, create
+from specserve.drafters.heads.modules import rotary
+from specserve.drafters.heads.runtime import RopeTable
+from specserve.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+SAMPLED = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.2, top_k=5, seed=2)]
+REF = {"eagle": RefEagle, "medusa": RefMedusa}
+
+
+def same(kind: str, a: DraftProposal, b: DraftProposal, exact: bool) -> None:
+    assert a.tokens == b.tokens and a.parent_list() == b.parent_list(), kind
+    if exact:
+        assert a.confidence == b.confidence
+    elif a.confidence is not None:
+        assert a.confidence == pytest.approx(b.confidence, rel=1e-4, abs=1e-7)
+    assert (a.probs is None) == (b.probs is None)
+    if a.probs is not None:
+        assert torch.equal(a.probs, b.probs) if exact else torch.allclose(a.probs, b.probs, atol=1e-6)
+
+
+def drive(target, kind: str, options: dict, prompts: list[list[int]], steps: int, budgets: list[int],
+          seed: int = 0, exact: bool = True, samplings: list[SamplingParams] = (GREEDY,)) -> int:
+    """Run the fast drafter and the reference side by side (module docstring); returns the nodes compared."""
+    rng = random.Random(seed)
+    fast, ref = create(kind, target, **options), REF[kind](target, **options)
+    layers = tuple(fast.feature_layers)
+    seqs = {}
+    for sid, prompt in enumerate(prompts):
+        sp = samplings[sid % len(samplings)]
+        for d in (fast, ref):
+            gen = None if sp.greedy else torch.Generator().manual_seed(100 + sid)
+            d.begin(sid, prompt, sp, 64, generator=gen)
+            d.feedback(Feedback(sid, DraftProposal([]), [], [prompt[-1]], prompt_features(target, prompt, layers)))
+        seqs[sid] = (list(prompt) + [rng.randrange(target.config.vocab_size)], sp)
+    compared = 0
+    for _ in range(steps):
+        reqs = [DraftRequest(sid, list(toks), rng.choice(budgets), sp, rng.choice([1, 2, 3, 1 << 30]))
+                for sid, (toks, sp) in seqs.items()]
+        got = fast.propose(reqs)
+        want = [ref.propose([r])[0] for r in reqs]
+        for r, a, b in zip(reqs, got, want):
+            same(kind, a, b, exact)
+            compared += len(a)
+            toks, sp = seqs[r.seq_id]
+            path = a.tokens[:rng.randrange(len(a) + 1)] if a.is_chain else first_path(a)[:rng.randrange(3)]
+            emitted = path + [rng.randrange(target.config.vocab_size)]
+            n = len(toks) - 1
+            full = prompt_features(target, toks + emitted[:-1], layers)
+            feats = {layer: f[n:n + len(emitted)] for layer, f in full.items()}
+            for d, p in ((fast, a), (ref, b)):
+                d.feedback(Feedback(r.seq_id, p, list(range(len(path))), emitted, feats))
+            toks += emitted
+    for d in (fast, ref):
+        for sid in seqs:
+            d.end(sid)
+    return compared
+
+
+def first_path(p: DraftProposal) -> list[int]:
+    """The tokens along the first path of a depth-first proposal (each node's first child)."""
+    out, parents, want = [], p.parent_list(), -1
+    for i, par in enumerate(parents):
+        if par == want:
+            out.append(p.tokens[i])
+            want = i
+    return out
+
+
+PROMPTS = [[5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7, 9], [1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7, 30], [11, 60, 2]]
+
+
+@pytest.fixture(scope="module", params=["torch", "native", "native-int8"])
+def wide(request):
+    """A tiny target whose heads have the real model's head_dim (64): every elementwise kernel runs
+    vectorised, in the reference as in the fast path, so their trees agree bit for bit."""
+    seed = {"torch": 47, "native": 48, "native-int8": 49}[request.param]      # heads are cached by seed
+    return tiny_model(seed=seed, vocab=96, layers=3, kernels=request.param, hidden_size=128, num_heads=2,
+                      num_kv_heads=1, head_dim=64, intermediate_size=128)
+
+
+def exact(target) -> bool:
+    """Bit for bit on the native kernels (batch-invariant); torch's matrix products may round a row
+    differently when it is batched with others (the fast path batches sequences, the reference not)."""
+    return target.options.kernels == "native"
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    return tiny_model(seed=43, vocab=64, layers=3, kernels="native")
+
+
+@pytest.mark.parametrize("kind,options", [("eagle", {"topk": 4, "depth": 5}), ("eagle", {}), ("medusa", {"topk": 3})])
+def test_greedy_trees_are_the_reference_trees(wide, kind, options):
+    opts = {"head": tiny_head(kind, wide), **options}
+    assert drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24], exact=exact(wide)) > 100
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_narrow_heads_agree_to_float_tolerance(narrow, kind):
+    """head_dim 8: RoPE's cos and sin of a few positions run partly on scalar code in the reference."""
+    opts = {"head": tiny_head(kind, narrow), "topk": 3}
+    drive(narrow, kind, opts, PROMPTS[:3], steps=5, budgets=[0, 3, 8, 12], exact=False)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_sampled_chains_beside_greedy_trees_keep_their_q_rows_and_draws(wide, kind):
+    opts = {"head": tiny_head(kind, wide), "topk": 3}
+    drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 3, 5], samplings=[GREEDY] + SAMPLED, exact=exact(wide))
+
+
+def test_a_step_that_drafts_nothing_only_keeps_the_features(wide):
+    d = create("eagle", wide, head=tiny_head("eagle", wide))
+    d.begin(0, PROMPTS[0], GREEDY, 16)
+    feats = prompt_features(wide, PROMPTS[0], d.feature_layers)
+    d.feedback(Feedback(0, DraftProposal([]), [], [7], feats))
+    assert d.propose([DraftRequest(0, PROMPTS[0] + [7], 0, GREEDY)])[0].tokens == []
+    s = d.seqs[0]
+    assert s.n_real == 0 and s.n_fused == 0                       # nothing computed
+    assert all(a is feats[layer] for a, layer in zip(s.raw[0], d.feature_layers))   # nothing copied
+
+
+def test_rope_table_is_rotary():
+    table = RopeTable(64, 100000.0)
+    table.reserve(3000)
+    x = torch.randn(8, 5, 64)
+    for pos in (torch.arange(8), torch.full((8,), 2999), torch.tensor([0, 5, 17, 300, 1023, 1024, 2047, 2500])):
+        assert torch.equal(table.rotate(x, pos), rotary(x, pos, 100000.0))
+        assert torch.equal(table.rotate(x[:, :3], pos), rotary(x[:, :3], pos, 100000.0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_heads_on_the_default_model(kind):
+    from specserve.llm import LLM
+    llm = LLM("default", max_batch=1, max_len=1024)
+    texts = ["Write a haiku about autumn leaves.", "Explain how a transistor works, briefly.",
+             "What is 17 * 23? Show the steps.", "Translate 'good morning, friends' into French and German."]
+    prompts = [llm.encode([{"role": "user", "content": t}]) for t in texts]
+    assert drive(llm.target, kind, {}, prompts, steps=4, budgets=[0, 4, 8, 16, 24]) > 100
+    drive(llm.target, kind, {}, prompts[:2], steps=3, budgets=[2, 6], samplings=SAMPLED)
