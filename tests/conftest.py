@@ -91,7 +91,8 @@ _HEADS: dict = {}
 
 
 def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0) -> str:
-    """An untrained head (random EAGLE layer; random Medusa blocks) for ``target`` over a reduced
+    """An untrained head (random EAGLE layer of either layout, ``eagle`` or ``eagle3``; random Medusa
+    blocks) for ``target`` over a reduced
     vocabulary of its first three quarters of tokens, saved in a temporary folder whose path is returned."""
     import tempfile
 
@@ -100,7 +101,8 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
     key = (kind, target.path, tuple(layers or ()), seed)
     if key not in _HEADS:
         n = target.config.num_layers
-        cfg = new_config(kind, target, layers or ([1, n] if kind == "eagle" else [n]), num_medusa=3 if kind == "medusa" else 0)
+        default = {"eagle": [1, n], "eagle3": [1, n // 2, n - 1], "medusa": [n]}[kind]     # eagle3: n >= 4
+        cfg = new_config(kind, target, layers or default, num_medusa=3 if kind == "medusa" else 0)
         torch.manual_seed(seed)
         module = build(cfg)
         if kind == "medusa":

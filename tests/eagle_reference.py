@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -15,9 +15,44 @@ from torch import Tensor
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator
 from specserve.drafters.eagle import EagleOptions
 from specserve.drafters.heads.modules import rotary
-from specserve.drafters.heads.runtime import depth_first, describe_head, head_path, open_head, sampled_chain
+from specserve.drafters.heads.runtime import depth_first, describe_head, head_path, open_head
 from specserve.drafters.medusa import MedusaOptions
-from specserve.sampling import SamplingParams
+from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+
+
+# the sampled chain the drafters drew before sampled trees (``sample_width=1`` draws the same)
+def sample_reduced(logits: Tensor, vocab_ids: Tensor, vocab_size: int, sampling: SamplingParams,
+                   gen: torch.Generator) -> tuple[int, float, Tensor]:
+    """Draw one token from a head's logits over its reduced vocabulary.
+
+    logits: [Vr] over ``vocab_ids`` [Vr].  Temperature, top-k and top-p over the Vr tokens give the
+    same law as over the whole vocabulary with the others at -inf (they have no mass and sort last),
+    at a fraction of the cost.  Returns (token id, its probability, q [V] zero outside the subset).
+    """
+    q_sub = processed_probs(logits, sampling)                                   # [Vr]
+    i = int(race(q_sub, exponential_noise(tuple(q_sub.shape), gen)))
+    q = torch.zeros(vocab_size)
+    q[vocab_ids] = q_sub
+    return int(vocab_ids[i]), float(q_sub[i]), q
+
+
+def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, vocab_ids: Tensor, vocab_size: int,
+                  sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
+    """A chain of ``depth`` tokens drawn one by one with ``sample_reduced``, with its q rows.
+
+    ``logits_at(d, drawn)``: the head's reduced-vocabulary logits [Vr] for depth d + 1, given the
+    tokens ``drawn`` at depths 1..d.  A node's confidence is the product of its path's draws' q."""
+    tokens: list[int] = []
+    probs: list[Tensor] = []
+    conf: list[float] = []
+    c = 1.0
+    for d in range(depth):
+        tok, p, q = sample_reduced(logits_at(d, tokens), vocab_ids, vocab_size, sampling, gen)
+        c *= p
+        tokens.append(tok)
+        probs.append(q)
+        conf.append(c)
+    return DraftProposal(tokens, torch.stack(probs), None, conf)
 
 
 class _RefSeq:

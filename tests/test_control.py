@@ -1,6 +1,7 @@
 """The adaptive controller: its pure pieces by hand, and its decisions through the engine on tiny models."""
 
 import pytest
+import torch
 
 from conftest import tiny_model
 from specserve.control import (AUTO, AcceptanceModel, Candidate, Controller, CostModel, ProbeState, Slot, StepPlan,
@@ -297,3 +298,22 @@ def test_an_engine_measures_at_construction_never_in_a_step(target, monkeypatch)
     monkeypatch.setattr(measure, "calibrate", lambda *a, **k: pytest.fail("measured inside a request"))
     outs = eng.generate([Request(PROMPTS[0], 20, drafter="o", num_draft=AUTO), Request(PROMPTS[1] * 3, 20)])
     assert all(len(o.tokens) == 20 for o in outs)
+
+
+def test_drawn_nodes_are_trimmed_by_their_depths_never_by_their_own_draws():
+    """A drawn node kept only when its own q is high is no longer distributed as q, and the output
+    is biased (q = (0.9, 0.1), p = (0.5, 0.5), the node kept only when it drew the first token: the
+    first token comes out with probability 0.55).  So two drawn proposals of one shape, one with
+    likely draws and one with unlikely ones, keep the same nodes; the same proposals without q rows
+    (deterministic nodes, which verification accepts exactly however chosen) are trimmed by their
+    confidences."""
+    c = controller()
+    slot, plan = Slot(0, "conf", AUTO, 10, 50), StepPlan({0: 2})
+    q = torch.full((2, 8), 1 / 8)
+
+    def kept(probs, conf):
+        props = {0: DraftProposal([3, 4], probs, None, conf)}
+        c.keep([slot], props, plan)
+        return props[0].tokens
+    assert kept(q, [0.95, 0.9]) == kept(q, [0.01, 0.005])
+    assert kept(None, [0.95, 0.9]) == [3, 4] and kept(None, [0.01, 0.005]) == []

@@ -119,13 +119,18 @@ def test_engine_sampling_matches_target(models, dname, pname):
     assert chi_square_pvalue(counts, exact_distribution(target, params)) > 1e-3
 
 
-@pytest.mark.parametrize("dname,pname", [("eagle", "t0.7"), ("medusa", "topp0.8")])
-def test_engine_sampling_with_learned_heads_matches_target(models, dname, pname):
-    """3,000 generations of 3 tokens (k=2) per case: a head's q is zero outside its reduced
-    vocabulary (6 of the 8 tokens here), so rejection sampling must restore the other two."""
+@pytest.mark.parametrize("dname,pname,k,width", [("eagle", "t0.7", 2, 1), ("medusa", "topp0.8", 2, 1),
+                                                 ("eagle", "t0.7", 6, 2), ("eagle", "topk3", 6, 3),
+                                                 ("medusa", "topp0.8", 6, 2),
+                                                 ("eagle", "t1.0", "auto", 2), ("medusa", "t0.7", "auto", 2)])
+def test_engine_sampling_with_learned_heads_matches_target(models, dname, pname, k, width):
+    """3,000 generations of 3 tokens per case: a head's q is zero outside its reduced vocabulary (6
+    of the 8 tokens here), so rejection sampling must restore the other two.  Width 1: chains;
+    wider: trees of siblings drawn without replacement, verified by recursive rejection; ``auto``:
+    the controller trims each drawn tree by its depths, never by its draws."""
     target = models[0]
-    drafter = create(dname, target, head=tiny_head(dname, target))
-    counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=2)
+    drafter = create(dname, target, head=tiny_head(dname, target), sample_width=width)
+    counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=k)
     assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
 
 

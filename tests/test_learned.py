@@ -46,10 +46,18 @@ def reference_path_probs(target, head_dir, tokens: list[int], n: int, path: list
     return probs
 
 
-def test_eagle_tree_matches_the_training_unroll(target):
+@pytest.fixture(scope="module")
+def target4():
+    return tiny_model(seed=42, vocab=64, layers=4, kernels="torch")
+
+
+@pytest.mark.parametrize("layout", ["eagle", "eagle3"])
+def test_eagle_tree_matches_the_training_unroll(layout, target, target4):
     """Every node's confidence is the product of the head's probabilities along its path computed
-    by the slow reference: so the drafter's positions, masks and inputs at every depth are training's."""
-    head = tiny_head("eagle", target)
+    by the slow reference: so the drafter's positions, masks and inputs at every depth are training's,
+    for a head of either layout (eagle3: EAGLE-3's, on a 4-layer target: three inner feature layers)."""
+    target = target4 if layout == "eagle3" else target
+    head = tiny_head(layout, target)
     d = create("eagle", target, head=head, topk=3, depth=4)
     d.bind(1, 64)
     prompt = PROMPT
@@ -96,20 +104,50 @@ def test_eagle_catch_up_after_accepting_matches_one_pass(target):
     assert pa.confidence == pytest.approx(pb.confidence, rel=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_sampled_drafts_are_chains_with_proper_q(kind, target):
+def sampled_proposal(kind, target, k, **options):
     head = tiny_head(kind, target)
-    d = create(kind, target, head=head)
+    d = create(kind, target, head=head, **options)
     sp = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     d.begin(0, PROMPT, sp, 16, generator=torch.Generator().manual_seed(3))
     d.feedback(Feedback(0, DraftProposal([]), [], [7], prompt_features(target, PROMPT, d.feature_layers)))
-    prop = d.propose([DraftRequest(0, PROMPT + [7], 3, sp)])[0]
-    assert prop.is_chain and len(prop) == 3
+    prop = d.propose([DraftRequest(0, PROMPT + [7], k, sp)])[0]
     prop.check(64)
-    vocab = set(load_head(head)[2].tolist())
+    return prop, set(load_head(head)[2].tolist())
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_sampled_width_one_drafts_chains_with_proper_q(kind, target):
+    prop, vocab = sampled_proposal(kind, target, 3, sample_width=1)
+    assert prop.is_chain and len(prop) == 3
     for row in prop.probs:
         assert float(row.sum()) == pytest.approx(1.0, abs=1e-5)
         assert all(i in vocab for i in row.nonzero().flatten().tolist())       # zero outside the reduced vocabulary
+
+
+@pytest.mark.parametrize("kind,width", [("eagle", 2), ("eagle", 3), ("medusa", 2), ("medusa", 3)])
+def test_sampled_trees_draw_siblings_without_replacement(kind, width, target):
+    """Siblings are distinct; each one's q is its first sibling's q with the earlier siblings' tokens
+    removed and renormalised (what it was drawn from); every node has positive q; the budget is filled
+    and the tree is deeper than one level."""
+    k = 7
+    prop, vocab = sampled_proposal(kind, target, k, sample_width=width)
+    parents = prop.parent_list()
+    assert len(prop) == k and max(prop.depths()) >= 2 and not prop.is_chain
+    by_parent: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        assert p < i
+        by_parent.setdefault(p, []).append(i)
+    for p, sib in by_parent.items():
+        assert len(sib) <= width
+        assert len({prop.tokens[i] for i in sib}) == len(sib)
+        first = prop.probs[sib[0]]
+        for j, i in enumerate(sib):
+            row = prop.probs[i]
+            assert float(row.sum()) == pytest.approx(1.0, abs=1e-5) and float(row[prop.tokens[i]]) > 0
+            assert all(t in vocab for t in row.nonzero().flatten().tolist())
+            expect = first.clone()
+            expect[[prop.tokens[e] for e in sib[:j]]] = 0
+            torch.testing.assert_close(row, expect / expect.sum(), rtol=1e-5, atol=1e-6)
 
 
 def test_head_for_another_target_is_refused(target):
@@ -121,7 +159,7 @@ def test_head_for_another_target_is_refused(target):
         create("medusa", other_shape, head=tiny_head("medusa", target))
     with pytest.raises(SpecserveError, match="no head at"):
         create("eagle", target, head="/nonexistent/head")
-    with pytest.raises(SpecserveError, match="not eagle"):
+    with pytest.raises(SpecserveError, match="medusa head, which the eagle drafter does not run"):
         create("eagle", target, head=tiny_head("medusa", target))
 
 
@@ -242,3 +280,42 @@ def test_features_of_regenerated_sequences_are_the_generated_ones(counting, data
         for name in ("tokens", "prompt_mask", "seq_start"):
             assert torch.equal(old[name], new[name])
         assert torch.allclose(old["features"].float(), new["features"].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_an_eagle3_head_drafts_through_the_engine_exactly(target4):
+    """The ``eagle`` drafter on an EAGLE-3-layout head: greedy output equals plain decoding, and
+    seeded sampled trees give the same tokens run after run (k = 1 and 6)."""
+    from specserve.engine import Engine, Request
+    prompts = [PROMPT, [3, 1, 4, 1, 5, 9, 2, 6], [8, 8, 8, 30, 31]]
+    plain = Engine(target4, {"none": create("none", target4)}, max_batch=1, max_len=96)
+    want = [plain.generate([Request(p, 20)])[0].tokens for p in prompts]
+    for k in (1, 6):
+        d = create("eagle", target4, head=tiny_head("eagle3", target4), topk=3, depth=4)
+        eng = Engine(target4, {"eagle": d}, max_batch=2, max_len=96)
+        outs = eng.generate([Request(p, 20, drafter="eagle", num_draft=k) for p in prompts])
+        assert [o.tokens for o in outs] == want and sum(o.stats.drafted_tokens for o in outs) > 0
+    sp = [SamplingParams(temperature=0.8, seed=s) for s in range(3)]
+    runs = []
+    for _ in range(2):
+        eng = Engine(target4, {"eagle": create("eagle", target4, head=tiny_head("eagle3", target4))},
+                     max_batch=3, max_len=96)
+        runs.append([o.tokens for o in eng.generate([Request(p, 20, s, drafter="eagle", num_draft=6)
+                                                     for p, s in zip(prompts, sp)])])
+    assert runs[0] == runs[1]
+
+
+def test_validation_along_an_epoch_keeps_each_heads_figure(counting, data_dir, tmp_path):
+    """``val_every``: validation within the epoch, with the positions trained on so far (rising by a
+    whole batch each time), and the head of that moment kept: reloaded, it drafts, and its own
+    validation is the figure recorded."""
+    tr = _trainer(counting, data_dir, tmp_path, epochs=1, val_every=2)
+    tr.run()
+    along = tr.history["step_val"]
+    total = tr.total_steps()
+    assert [e["step"] for e in along] == list(range(2, total, 2))
+    assert all(0 < a["positions"] < b["positions"] <= tr.history["positions"] for a, b in zip(along, along[1:]))
+    first = tr.history["step_val"][0]
+    kept = tmp_path / f"at-step-{first['step']}"
+    d = create("eagle", counting, head=str(kept))
+    tr.module.load_state_dict(load_head(kept)[1].state_dict())
+    assert tr.validate()["accepted"] == pytest.approx(first["accepted"], abs=0.02) and d.cfg.kind == "eagle"

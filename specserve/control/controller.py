@@ -133,7 +133,7 @@ class Controller:
         cands = []
         for s in slots:
             prop = proposals[s.seq_id]
-            gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.confidence)
+            gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
             cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(), fixed=not s.auto,

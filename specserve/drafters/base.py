@@ -111,6 +111,15 @@ class DraftProposal:
     def parent_list(self) -> list[int]:
         return list(self.parents) if self.parents is not None else list(range(-1, len(self.tokens) - 1))
 
+    def trim_confidence(self) -> list[float] | None:
+        """The confidences the controller may rank, trim and calibrate nodes by: None when the nodes
+        were drawn at random (``probs`` set).  Keeping a drawn node or not by a score of its own token
+        biases the output: a node kept only when it is likely under q is no longer distributed as q,
+        and verification assumes it is.  Drawn nodes are trimmed by their depths alone, which the
+        draws do not touch (a node's place in the tree may depend on its ancestors' and earlier
+        siblings' draws, never on its own)."""
+        return self.confidence if self.probs is None else None
+
     def depths(self) -> list[int]:
         """Depth of every node (1 for a child of the pending token)."""
         out: list[int] = []

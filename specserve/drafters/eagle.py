@@ -18,9 +18,13 @@ they form a tree) and emitted depth-first, likeliest child first.  The cumulativ
 the proposal's confidence, which the adaptive controller calibrates and trims by.  Greedy drafts are
 one-hot (deterministic), so verification is exact whatever the head says.
 
-Under sampling the head drafts a chain: each token drawn from q, the head's distribution over its
-reduced vocabulary processed like the target's (temperature, top-k, top-p) and zero outside the
-vocabulary, and q is returned for exact rejection sampling.
+Under sampling the head drafts a tree of drawn nodes (``SampledTree``): each expanded node's
+``sample_width`` children drawn without replacement from q, the head's distribution over its reduced
+vocabulary processed like the target's (temperature, top-k, top-p) and zero outside the vocabulary;
+each node carries the q it was drawn from given its earlier siblings, for exact recursive rejection
+(``specserve.verify.tree``).  The ``sample_width`` likeliest drawn nodes of a depth are expanded; the
+proposal is the first k nodes in the order they were drawn, so no node is kept or dropped by its own
+draw (which would bias the output).  ``sample_width=1`` is a chain.
 
 The head's key/value entries of real positions are kept per sequence and extended, when a draft is
 next asked for, with the positions committed since the last one (a step that asks for no draft costs
@@ -29,7 +33,7 @@ head's calls: one call for their new real entries, then one per depth for all th
 nodes (attention alone runs per sequence, over its own entries); a tree's bookkeeping is a few array
 operations per depth on its whole frontier, its ancestor mask grown a depth at a time
 (``specserve.drafters.heads.tree``).  q, k and v are one matrix product, rotary positions come from
-a table, and a sampled chain's depths are one call for all the sampled sequences.
+a table, and greedy and sampled trees share the same calls.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
 from specserve.drafters.heads.runtime import (describe_head, head_option, head_path, open_head, positive,
-                                              RopeTable, rms, sampled_chains)
-from specserve.drafters.heads.tree import Tree
+                                              RopeTable)
+from specserve.drafters.heads.tree import SampledTree, Tree
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
 
@@ -85,10 +89,13 @@ class EagleOptions:
     head: str = head_option("eagle")
     topk: int = option(8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk"))
     depth: int = option(6, "deepest drafted token", check=positive("eagle", "depth"))
+    sample_width: int = option(2, "under sampling: children drawn without replacement per expanded node, and "
+                               "nodes expanded per depth (1: a chain)", check=positive("eagle", "sample_width"))
 
     def __post_init__(self) -> None:
         positive("eagle", "topk")(self.topk)
         positive("eagle", "depth")(self.depth)
+        positive("eagle", "sample_width")(self.sample_width)
 
 
 @register("eagle")
@@ -101,14 +108,14 @@ class EagleDrafter(Drafter):
     def __init__(self, target: Any, **options: Any):
         o = self.opts = self.Options(**options)
         self.target = target
-        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target)
+        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target, kinds=("eagle", "eagle3"))
         self.head_dir = str(head_path("eagle", o.head))
         self.topk, self.max_tree_depth = o.topk, o.depth
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
         self.head = module
         self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
-                    for name in ("fuse", "fc", "q", "kv", "o", "gate_up", "down")}
+                    for name in module.LINEARS}
         self.lin["qkv"] = m.matmul(torch.cat([module.q.weight, module.kv.weight]))  # q, k, v in one product
         self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
         self.rope = RopeTable(self.cfg.head_dim, self.cfg.rope_theta)
@@ -149,17 +156,14 @@ class EagleDrafter(Drafter):
         (embedding ids), pos [M] rotary positions; the rows are the parts' in order, a part (s, at, m,
         mask) being m rows of sequence s whose keys/values are written at its slots at..at+m-1 (see
         ``_attend`` for the keys they see).  Returns the outputs [M, hidden]."""
-        h = self.head
-        emb = self.target.model.weight_rows("embed", tokens).cpu()
-        x = self.lin["fc"](torch.cat([rms(h.emb_norm, emb), rms(h.feat_norm, g)], -1))
-        q, k, v = self._qkv(rms(h.attn_norm, x), pos)
+        h = self.head                                         # either layout (``modules``)
+        x = h.inputs(g, self.target.model.weight_rows("embed", tokens).cpu(), self.lin)
+        q, k, v = self._qkv(h.normed(x), pos)
         att, lo = [], 0
         for s, at, m, mask in parts:
             att.append(self._attend(s, at, mask, q[lo:lo + m], k[lo:lo + m], v[lo:lo + m]))
             lo += m
-        x = x + self.lin["o"](torch.cat(att) if len(att) > 1 else att[0])
-        a, b = self.lin["gate_up"](rms(h.ffn_norm, x)).chunk(2, -1)
-        return x + self.lin["down"](torch.nn.functional.silu(a) * b)
+        return h.mlp(h.residual(x) + self.lin["o"](torch.cat(att) if len(att) > 1 else att[0]), self.lin)
 
     def _qkv(self, hn: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """hn [M, hidden] (normed) -> q [M, H, d] (contiguous), k, v [M, Hkv, d]: one product, RoPE
@@ -189,7 +193,7 @@ class EagleDrafter(Drafter):
 
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
-        return self.lm(rms(self.head.norm, o))
+        return self.lm(self.head.norm(o))
 
     def _catch_up(self, batch: list[tuple[_Seq, list[int]]]) -> None:
         """Real entries for every position whose features and next token are known (t <= n - 1), for
@@ -223,16 +227,21 @@ class EagleDrafter(Drafter):
                 end += m
                 s.n_real, s.last = lo + m, out[end - 1]
 
-    def _top(self, o: Tensor, parts: list[tuple[int, int]]) -> list[tuple[Tensor, Tensor]]:
-        """The head's likeliest tokens after outputs o [M, hidden]: per part (m rows, kk), its rows' top
-        kk (log-probabilities [m, kk] float32, indices into the reduced vocabulary [m, kk])."""
-        logp = self._logits(o).log_softmax(-1)
-        kks = {kk for _, kk in parts}
-        whole = logp.topk(kks.pop()) if len(kks) == 1 else None
+    def _children(self, o: Tensor, parts: list[tuple[int, Tree]]) -> list[tuple[Tensor, Tensor]]:
+        """The children of outputs o [M, hidden]: per part (m rows, its tree), (scores [m, kk] float32,
+        indices into the reduced vocabulary [m, kk]): the rows' top kk log-probabilities, or for a
+        ``SampledTree`` its draws (then log-probabilities of the draws)."""
+        logits = self._logits(o)
+        logp = logits.log_softmax(-1)
+        kks = {t.kk for _, t in parts}
+        plain = all(type(t) is Tree for _, t in parts)
+        whole = logp.topk(kks.pop()) if plain and len(kks) == 1 else None
         out, lo = [], 0
-        for m, kk in parts:
-            out.append((whole.values[lo:lo + m], whole.indices[lo:lo + m]) if whole is not None
-                       else logp[lo:lo + m].topk(kk))
+        for m, t in parts:
+            if whole is not None:
+                out.append((whole.values[lo:lo + m], whole.indices[lo:lo + m]))
+            else:
+                out.append(t.draw(logits[lo:lo + m]) if isinstance(t, SampledTree) else logp[lo:lo + m].topk(t.kk))
             lo += m
         return out
 
@@ -244,31 +253,28 @@ class EagleDrafter(Drafter):
         asked = [a for a in asked if a[3] > 0]                # a request for no draft costs nothing
         if asked:
             self._catch_up([(s, r.tokens) for _, r, s, _ in asked])   # positions committed since the last draft
-        trees, chains = [], []
+        trees = []
         for i, r, s, depth in asked:
-            n = len(r.tokens) - 1
             if s.last is None:
                 continue
+            h = self.cfg.hidden_size
             if r.sampling.greedy:
-                kk = min(self.topk, len(self.vocab_ids), r.k)
-                trees.append((i, (s, n, Tree(r.k, depth, kk, self.cfg.hidden_size))))
+                t = Tree(r.k, depth, min(self.topk, len(self.vocab_ids), r.k), h)
             else:
-                chains.append((i, (s, n, depth, r.sampling)))
+                t = SampledTree(r.k, depth, min(self.opts.sample_width, len(self.vocab_ids), r.k), h, r.sampling, s.gen)
+            trees.append((i, (s, len(r.tokens) - 1, t)))
         if trees:
             self._trees([w for _, w in trees])
             for i, (_, _, t) in trees:
-                out[i] = t.proposal(self.vocab_np)
-        if chains:
-            for (i, _), p in zip(chains, self._chains([w for _, w in chains])):
-                out[i] = p
+                out[i] = t.proposal(self.vocab_np, self.vocab_size)
         return out
 
     def _trees(self, work: list[tuple[_Seq, int, Tree]]) -> None:
         """EAGLE-2's dynamic trees (module docstring) after pending positions n, for every (state, n,
         tree) of ``work`` together: one call to the head for their roots, then one per depth for all
         the nodes they expand (``Tree.select``: only nodes that can still reach the final top budget)."""
-        for (_, _, t), (v, i) in zip(work, self._top(torch.stack([s.last for s, _, _ in work]),
-                                                     [(1, t.kk) for _, _, t in work])):
+        for (_, _, t), (v, i) in zip(work, self._children(torch.stack([s.last for s, _, _ in work]),
+                                                          [(1, t) for _, _, t in work])):
             t.roots(v[0], i[0])
         for d in range(1, max(t.depth for _, _, t in work)):
             live = [(s, n, t) for s, n, t in work if d < t.depth and not t.done and t.select()]
@@ -286,24 +292,6 @@ class EagleDrafter(Drafter):
                 lo += m
             o = self._entries(parts, g, torch.from_numpy(self.vocab_np[np.concatenate(tokens)]), torch.tensor(pos))
             lo = 0
-            for (s, n, t), (v, i) in zip(live, self._top(o, [(len(t.expand), t.kk) for _, _, t in live])):
+            for (s, n, t), (v, i) in zip(live, self._children(o, [(len(t.expand), t) for _, _, t in live])):
                 t.grow(o[lo:lo + len(v)], v, i)
                 lo += len(v)
-
-    def _chains(self, work: list[tuple[_Seq, int, int, SamplingParams]]) -> list[DraftProposal]:
-        """Sampled chains with their q rows (module docstring) for every (state, n, depth, sampling) of
-        ``work``, drawn a depth at a time with one head call for all: depth d + 1's logits come from the
-        entry of depth d's token, causal over the slots (the real entries, the chain's earlier entries,
-        itself).  Each chain draws from its own generator, in its own order (``sampled_chains``)."""
-        out = [s.last for s, *_ in work]                      # out[j]: what chain j draws its next token after
-
-        def logits_at(d: int, live: list[int], drawn: list[list[int]]) -> Tensor:
-            if d > 0:
-                parts: list[_Part] = [(work[j][0], work[j][0].n_real + d - 1, 1, None) for j in live]
-                o = self._entries(parts, torch.stack([out[j] for j in live]),
-                                  torch.tensor([drawn[j][-1] for j in live]), torch.tensor([work[j][1] + d - 1 for j in live]))
-                for j, row in zip(live, o):
-                    out[j] = row
-            return self._logits(torch.stack([out[j] for j in live]))
-        return sampled_chains(logits_at, [w[2] for w in work], self.vocab_ids, self.vocab_size,
-                              [w[3] for w in work], [w[0].gen for w in work])

@@ -8,9 +8,12 @@ LM-head rows over the reduced vocabulary.
 Greedy: each depth's ``topk`` likeliest tokens; a node's confidence is the product of its path's head
 probabilities (the heads are independent), and the k most confident nodes are grown best-first
 (a node's product never exceeds its parent's) and emitted depth-first, likeliest child first.
-Sampling: a chain, depth j's token drawn from block j's q (processed like the target's, zero outside
-the reduced vocabulary); q does not depend on the earlier drafted tokens, which is what the heads
-compute, so rejection sampling against it is exact.
+Sampling: a tree of drawn nodes, depth j's nodes drawn from block j's q (processed like the
+target's, zero outside the reduced vocabulary; q does not depend on the earlier drafted tokens,
+which is what the heads compute): the ``sample_width`` likeliest drawn nodes of a depth are expanded,
+each into ``sample_width`` children drawn without replacement (each with the q it was drawn from
+given its earlier siblings, for exact recursive rejection), up to the budget, in draw order.  No
+node is kept or dropped by its own draw; ``sample_width=1`` is a chain.
 
 The sequences drafting in one step share the heads' calls: the blocks are one matrix product (their
 weights stacked), then one reduced LM head product, one log-softmax and one top-k for all of them.
@@ -19,6 +22,7 @@ weights stacked), then one reduced LM head product, one log-softmax and one top-
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,19 +30,22 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
-from specserve.drafters.heads.runtime import (depth_first, describe_head, head_option, head_path, open_head,
-                                              positive, sampled_chain)
+from specserve.drafters.heads.runtime import (depth_first, describe_head, draw_distinct, head_option, head_path,
+                                              open_head, positive)
 from specserve.drafters.registry import register
-from specserve.sampling import SamplingParams
+from specserve.sampling import SamplingParams, processed_probs
 
 
 @dataclass(frozen=True)
 class MedusaOptions:
     head: str = head_option("medusa")
     topk: int = option(4, "candidate tokens per depth", check=positive("medusa", "topk"))
+    sample_width: int = option(2, "under sampling: children drawn without replacement per expanded node, and "
+                               "nodes expanded per depth (1: a chain)", check=positive("medusa", "sample_width"))
 
     def __post_init__(self) -> None:
         positive("medusa", "topk")(self.topk)
+        positive("medusa", "sample_width")(self.sample_width)
 
 
 @register("medusa")
@@ -107,9 +114,33 @@ class MedusaDrafter(Drafter):
                 out[i] = self._tree(v[:depth], ix[:depth], r.k)
         for j, (i, r, depth, _) in enumerate(asked):
             if not r.sampling.greedy:                               # [depth, Vr]: the heads see no drafted token
-                out[i] = sampled_chain(lambda d, drawn, lg=logits[j]: lg[d], depth, self.vocab_ids, self.vocab_size,
-                                       r.sampling, self.gen[r.seq_id])
+                out[i] = self._sampled_tree(processed_probs(logits[j, :depth], r.sampling), r.k, self.gen[r.seq_id])
         return out
+
+    def _sampled_tree(self, q: Tensor, budget: int, gen: torch.Generator) -> DraftProposal:
+        """The sampled tree (module docstring) from each depth's q [depth, Vr] (processed probabilities)."""
+        w = min(self.opts.sample_width, q.shape[1])
+        tokens: list[int] = []
+        parents: list[int] = []
+        logq: list[float] = []
+        rows: list[Tensor] = []
+        frontier = [-1]
+        for d in range(len(q)):
+            room = budget - len(tokens)
+            expand = sorted(frontier, key=lambda i: -logq[i] if i >= 0 else 0.0)[:min(w, -(-room // w))]
+            frontier = []
+            for p in expand:
+                for i, row in zip(*draw_distinct(q[d], w, gen)):
+                    if len(tokens) < budget:
+                        frontier.append(len(tokens))
+                        tokens.append(self.vocab_list[i])
+                        parents.append(p)
+                        logq.append((logq[p] if p >= 0 else 0.0) + math.log(float(row[i])))
+                        rows.append(row)
+        probs = torch.zeros(len(tokens), self.vocab_size)
+        if tokens:
+            probs[:, self.vocab_ids] = torch.stack(rows)
+        return DraftProposal(tokens, probs, parents, [math.exp(x) for x in logq])
 
     def _tree(self, vals: list[list[float]], idx: list[list[int]], budget: int) -> DraftProposal:
         """Best-first over the Cartesian product of each depth's top tokens (module docstring): vals,

@@ -349,7 +349,7 @@ class Engine:
             if slot.seq_id in plain:
                 continue
             prop = proposals[slot.seq_id]
-            conf = sum(prop.confidence) if prop.confidence is not None else None
+            conf = sum(prop.trim_confidence()) if prop.trim_confidence() is not None else None
             self.controller.learn(slot, len(prop), prop.depth, len(o.path), conf, plan)
 
     def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],

@@ -61,6 +61,8 @@ def add_parser(sub) -> None:
         h.add_argument("--positions", default="both", choices=["answer", "prompt", "both"],
                        help="train on the target's distributions at answer, prompt or all positions")
         h.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
+        h.add_argument("--val-every", type=int, default=0, help="also validate every this many optimiser steps, "
+                       "keeping the head of that moment in OUT/at-step-N (0: after each epoch only)")
         if kind == "eagle":
             h.add_argument("--features", default=None, help="'last' (the final normed layer, EAGLE-1/2), "
                            "'fused' (a low, a middle and a high layer, EAGLE-3) or layer numbers, e.g. 2,15,27 "
@@ -184,7 +186,7 @@ def train_head(args: argparse.Namespace) -> int:
                       steps=getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
                       batch_tokens=args.batch_tokens, positions=args.positions, max_steps=args.max_steps,
-                      checkpoint_every=args.checkpoint_every, seed=args.seed,
+                      checkpoint_every=args.checkpoint_every, val_every=args.val_every, seed=args.seed,
                       command="specserve " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     trainer = Trainer(cfg, target, data, args.out)
     if args.resume and trainer.resume():

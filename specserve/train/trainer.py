@@ -46,6 +46,7 @@ class TrainConfig:
     max_steps: int = 0                       # stop after this many optimiser steps (0: all epochs)
     val_depth: int = 5
     checkpoint_every: int = 100
+    val_every: int = 0                       # also validate (and keep the head) every this many steps (0: epochs only)
     seed: int = 0
     command: str = ""
 
@@ -128,7 +129,7 @@ class Trainer:
         self.module = build(self.head_cfg)
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.epoch, self.pos_in_epoch = 0, 0, 0
-        self.history: dict = {"step": [], "loss": [], "epoch_val": []}
+        self.history: dict = {"step": [], "loss": [], "epoch_val": [], "step_val": [], "positions": 0}
 
     # -- targets and losses ------------------------------------------------------------------------
     def _target_probs(self, final: Tensor) -> Tensor:
@@ -219,7 +220,8 @@ class Trainer:
         if not path.exists():
             return False
         ck = torch.load(path, weights_only=False)
-        mine = {k: v for k, v in asdict(self.cfg).items() if k not in ("command", "max_steps", "checkpoint_every")}
+        mine = {k: v for k, v in asdict(self.cfg).items()
+                if k not in ("command", "max_steps", "checkpoint_every", "val_every")}
         theirs = {k: v for k, v in ck["config"].items() if k in mine}
         if {k: (list(v) if isinstance(v, tuple) else v) for k, v in mine.items()} != \
                 {k: (list(v) if isinstance(v, tuple) else v) for k, v in theirs.items()}:
@@ -227,6 +229,8 @@ class Trainer:
         self.module.load_state_dict(ck["module"])
         self.opt.load_state_dict(ck["opt"])
         self.step, self.epoch, self.pos_in_epoch, self.history = ck["step"], ck["epoch"], ck["pos"], ck["history"]
+        self.history.setdefault("step_val", [])
+        self.history.setdefault("positions", 0)
         torch.set_rng_state(ck["torch_rng"])
         return True
 
@@ -250,12 +254,15 @@ class Trainer:
                 self.step += 1
                 self.pos_in_epoch = bi + 1
                 tokens += int(b.valid.sum())
+                self.history["positions"] += int(b.valid.sum())
                 lv = float(loss.detach())
                 ema = lv if ema is None else 0.95 * ema + 0.05 * lv
                 self.history["step"].append(self.step)
                 self.history["loss"].append(lv)
                 if progress:
                     progress(self.step, total, ema, tokens / (time.perf_counter() - t0))
+                if self.cfg.val_every and self.step % self.cfg.val_every == 0 and self.step < total:
+                    self._validate_along()
                 if self.step % self.cfg.checkpoint_every == 0:
                     self.save_checkpoint()
             if self.pos_in_epoch >= len(order):
@@ -272,12 +279,22 @@ class Trainer:
         self.save_checkpoint()
         return self.history["epoch_val"][-1]
 
+    def _validate_along(self) -> None:
+        """Validation within an epoch (``val_every``), with the training positions seen so far; the
+        head as it is now is kept in ``out/at-step-N`` (for measuring it elsewhere)."""
+        val = self.validate()
+        self.history["step_val"].append({"step": self.step, "positions": self.history["positions"], **val})
+        save_head(self.out / f"at-step-{self.step}", self.head_cfg, self.module, self.vocab_ids)
+
     def export(self, directory: str, extra: dict) -> None:
         """The head (module + reduced vocabulary + config with the training record) and its loss curve."""
         self.head_cfg.training = {"command": self.cfg.command, "settings": asdict(self.cfg),
                                   "validation": self.history["epoch_val"][-1], "vocab_coverage": self.coverage,
                                   "epochs": [{k: v for k, v in e.items() if k != "by_depth"} | {"by_depth": [
                                       round(x, 4) for x in e["by_depth"]]} for e in self.history["epoch_val"]],
+                                  "along": [{"step": e["step"], "positions": e["positions"],
+                                             "accepted": round(e["accepted"], 4)} for e in self.history["step_val"]],
+                                  "positions_seen": self.history["positions"],
                                   **extra}
         save_head(directory, self.head_cfg, self.module, self.vocab_ids)
         plot_history(self.history, Path(directory) / "loss.png", self.cfg.kind)

@@ -22,7 +22,9 @@ newest token; the target's distribution at t is over x_{t+1}).  Layers are named
 
   Both expose the drafter's and the trainer's pieces: ``fused``, ``inputs`` (the layer input x),
   ``qkv`` (attention is computed outside, over whatever keys a tree allows), ``finish`` and ``norm``;
-  each takes optional ``lin``, its linear maps by name (``LINEARS``) on other kernels.
+  each takes optional ``lin``, its linear maps by name (``LINEARS``) on other kernels.  What the two
+  layouts differ in is ``inputs``, ``normed`` (x -> the attention's input), ``residual`` (x -> the
+  residual stream's start) and ``mlp_norm``; the rest is shared.
 * **Medusa**: head j (1..M) is a residual block over f^L_t whose output predicts x_{t+1+j}.
 
 Tensors are float32 on the CPU at draft time; training (``specserve.train``) runs the same modules.
@@ -67,7 +69,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        """x * rsqrt(mean(x^2) + eps) * weight, as one call (the same operations in the same order)."""
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rotary(x: Tensor, pos: Tensor, theta: float) -> Tensor:
@@ -102,9 +105,25 @@ class _OneLayer(nn.Module):
         k, v = self._lin(lin, "kv")(hn).unflatten(-1, (2, c.num_kv_heads, c.head_dim)).unbind(-3)
         return rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta), v
 
-    def _mlp(self, r: Tensor, norm: nn.Module, lin: Linears) -> Tensor:
-        """r [..., hidden] (the residual stream after attention) -> r + down(SiLU(gate) * up)(norm(r))."""
-        a, b = self._lin(lin, "gate_up")(norm(r)).chunk(2, -1)
+    def normed(self, x: Tensor) -> Tensor:
+        """The layer input x -> what q, k and v are read from [..., in]."""
+        raise NotImplementedError
+
+    def residual(self, x: Tensor) -> Tensor:
+        """The layer input x -> where the residual stream starts [..., hidden]."""
+        raise NotImplementedError
+
+    def qkv(self, x: Tensor, pos: Tensor, lin: Linears = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x [..., T, in] (the layer input), pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
+        return self._project(self.normed(x), pos, lin)
+
+    def finish(self, x: Tensor, att: Tensor, lin: Linears = None) -> Tensor:
+        """x [..., in] (the layer input), att [..., H * d] -> the layer output o [..., hidden]."""
+        return self.mlp(self.residual(x) + self._lin(lin, "o")(att), lin)
+
+    def mlp(self, r: Tensor, lin: Linears = None) -> Tensor:
+        """r [..., hidden] (the residual stream after attention) -> r + down(SiLU(gate) * up)(mlp_norm(r))."""
+        a, b = self._lin(lin, "gate_up")(self.mlp_norm(r)).chunk(2, -1)
         return r + self._lin(lin, "down")(F.silu(a) * b)
 
 
@@ -132,13 +151,15 @@ class EagleHead(_OneLayer):
         """g, emb [..., hidden] -> the layer's input x [..., hidden]."""
         return self._lin(lin, "fc")(torch.cat([self.emb_norm(emb), self.feat_norm(g)], -1))
 
-    def qkv(self, x: Tensor, pos: Tensor, lin: Linears = None) -> tuple[Tensor, Tensor, Tensor]:
-        """x [..., T, hidden], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
-        return self._project(self.attn_norm(x), pos, lin)
+    def normed(self, x: Tensor) -> Tensor:
+        return self.attn_norm(x)
 
-    def finish(self, x: Tensor, att: Tensor, lin: Linears = None) -> Tensor:
-        """x [..., hidden] (the layer input), att [..., H * d] -> the layer output o [..., hidden]."""
-        return self._mlp(x + self._lin(lin, "o")(att), self.ffn_norm, lin)
+    def residual(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def mlp_norm(self) -> nn.Module:
+        return self.ffn_norm
 
 
 class Eagle3Head(_OneLayer):
@@ -169,15 +190,16 @@ class Eagle3Head(_OneLayer):
         """g, emb [..., hidden] -> the layer's input x = [input_norm(emb) ; g] [..., 2 * hidden]."""
         return torch.cat([self.input_norm(emb), g], -1)
 
-    def qkv(self, x: Tensor, pos: Tensor, lin: Linears = None) -> tuple[Tensor, Tensor, Tensor]:
-        """x [..., T, 2 * hidden], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
+    def normed(self, x: Tensor) -> Tensor:
         h = self.cfg.hidden_size
-        return self._project(torch.cat([x[..., :h], self.hidden_norm(x[..., h:])], -1), pos, lin)
+        return torch.cat([x[..., :h], self.hidden_norm(x[..., h:])], -1)
 
-    def finish(self, x: Tensor, att: Tensor, lin: Linears = None) -> Tensor:
-        """x [..., 2 * hidden] (the layer input), att [..., H * d] -> the layer output o [..., hidden]."""
-        r = x[..., self.cfg.hidden_size:] + self._lin(lin, "o")(att)
-        return self._mlp(r, self.post_norm, lin)
+    def residual(self, x: Tensor) -> Tensor:
+        return x[..., self.cfg.hidden_size:]
+
+    @property
+    def mlp_norm(self) -> nn.Module:
+        return self.post_norm
 
 
 class MedusaHeads(nn.Module):

@@ -3,7 +3,7 @@
 A head is a folder (``head.safetensors`` + ``config.json``, see ``files``).  A head's matrix
 products run on the target runtime's own kernels, through the decoder protocol's ``matmul``
 (heads run on the CPU whatever the target's device).  Also here: the option
-the learned drafters share (``head``), a sampled chain over a reduced vocabulary, and the
+the learned drafters share (``head``), siblings drawn without replacement from a head's q, and the
 depth-first emission of a scored tree.  The ``default`` head of a drafter is the one shipped in
 ``specserve/data/heads/<kind>/`` for the default model; a head trained for another target is
 refused with the reason.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -23,7 +22,7 @@ from specserve.drafters.base import DraftProposal, option
 from specserve.drafters.heads.files import check_target, load_head
 from specserve.drafters.heads.modules import HeadConfig
 from specserve.errors import SpecserveError
-from specserve.sampling import SamplingParams, exponential_noise, processed_probs, race
+from specserve.sampling import exponential_noise, race
 
 
 def shipped_head(kind: str) -> Path:
@@ -53,15 +52,17 @@ def head_path(kind: str, spec: str) -> Path:
     return shipped_head(kind) if spec == "default" else Path(spec)
 
 
-def open_head(kind: str, spec: str, target) -> tuple[HeadConfig, torch.nn.Module, Tensor]:
-    """Load and check the head ``spec`` (``default``: the shipped one) for ``target``."""
+def open_head(kind: str, spec: str, target, kinds: tuple[str, ...] | None = None
+              ) -> tuple[HeadConfig, torch.nn.Module, Tensor]:
+    """Load and check the head ``spec`` (``default``: the shipped one) of drafter ``kind`` for ``target``;
+    ``kinds``: the head kinds (``HeadConfig.kind``) the drafter runs (default: ``kind`` alone)."""
     path = head_path(kind, spec)
     if not (path / "config.json").exists():
         raise SpecserveError(f"no {kind} head is shipped in this install ({path}); train one with "
                              f"`specserve train {kind} --out DIR` and pass head=DIR")
     cfg, module, vocab_ids = load_head(path)
-    if cfg.kind != kind:
-        raise SpecserveError(f"the head at {path} is a {cfg.kind} head, not {kind}")
+    if cfg.kind not in (kinds or (kind,)):
+        raise SpecserveError(f"the head at {path} is a {cfg.kind} head, which the {kind} drafter does not run")
     check_target(cfg, target, str(path))
     return cfg, module, vocab_ids
 
@@ -74,31 +75,32 @@ def positive(drafter: str, name: str):
     return check
 
 
-def sample_reduced(logits: Tensor, vocab_ids: Tensor, vocab_size: int, sampling: SamplingParams,
-                   gen: torch.Generator) -> tuple[int, float, Tensor]:
-    """Draw one token from a head's logits over its reduced vocabulary.
-
-    logits: [Vr] over ``vocab_ids`` [Vr].  Temperature, top-k and top-p over the Vr tokens give the
-    same law as over the whole vocabulary with the others at -inf (they have no mass and sort last),
-    at a fraction of the cost.  Returns (token id, its probability, q [V] zero outside the subset).
-    """
-    q_sub = processed_probs(logits, sampling)                                   # [Vr]
-    i = int(race(q_sub, exponential_noise(tuple(q_sub.shape), gen)))
-    q = torch.zeros(vocab_size)
-    q[vocab_ids] = q_sub
-    return int(vocab_ids[i]), float(q_sub[i]), q
+def draw_distinct(q: Tensor, width: int, gen: torch.Generator) -> tuple[list[int], list[Tensor]]:
+    """Up to ``width`` distinct indices drawn one after another without replacement from q [Vr]
+    (processed probabilities): draw j from q renormalised over the indices not drawn before it (the
+    first from q itself, as ``sample_reduced`` draws), each by one exponential race from ``gen``.
+    Fewer when q has fewer nonzero entries.  Returns (the indices, the distribution [Vr] each was
+    drawn from: the q rows verification needs for siblings drawn without replacement)."""
+    drawn: list[int] = []
+    rows: list[Tensor] = []
+    left = q
+    for j in range(width):
+        if j:
+            left = left.clone()
+            left[drawn[-1]] = 0.0
+            total = float(left.sum())
+            if total <= 0.0:
+                break
+            left = left / total
+        drawn.append(int(race(left, exponential_noise(tuple(left.shape), gen))))
+        rows.append(left)
+    return drawn, rows
 
 
 def head_option(kind: str):
     """The ``head`` field every learned drafter's options declare."""
     return option("default", f"head folder, or 'default': the {kind} head shipped for the default model",
                   check=check_head_path)
-
-
-def rms(norm: torch.nn.Module, x: Tensor) -> Tensor:
-    """``norm(x)`` for a head's ``RMSNorm``, as one call: ``rms_norm`` runs the same operations in the
-    same order (x * rsqrt(mean(x^2) + eps) * weight), so the same bits, without five dispatches."""
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
 
 
 class RopeTable:
@@ -130,45 +132,6 @@ class RopeTable:
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         """x [M, heads, d], pos [M] (reserved positions) -> x rotated (a new tensor)."""
         return x * self.cos[pos] + x.index_select(-1, self.swap) * self.sin[pos]
-
-
-def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, vocab_ids: Tensor, vocab_size: int,
-                  sampling: SamplingParams, gen: torch.Generator) -> DraftProposal:
-    """A chain of ``depth`` tokens drawn one by one with ``sample_reduced``, with its q rows.
-
-    ``logits_at(d, drawn)``: the head's reduced-vocabulary logits [Vr] for depth d + 1, given the
-    tokens ``drawn`` at depths 1..d.  A node's confidence is the product of its path's draws' q."""
-    tokens: list[int] = []
-    probs: list[Tensor] = []
-    conf: list[float] = []
-    c = 1.0
-    for d in range(depth):
-        tok, p, q = sample_reduced(logits_at(d, tokens), vocab_ids, vocab_size, sampling, gen)
-        c *= p
-        tokens.append(tok)
-        probs.append(q)
-        conf.append(c)
-    return DraftProposal(tokens, torch.stack(probs), None, conf)
-
-
-def sampled_chains(logits_at: Callable[[int, list[int], list[list[int]]], Tensor], depths: list[int],
-                   vocab_ids: Tensor, vocab_size: int, samplings: list[SamplingParams],
-                   gens: list[torch.Generator]) -> list[DraftProposal]:
-    """``sampled_chain`` for several sequences at once, drawn a depth at a time: ``logits_at(d, live,
-    drawn)`` gives the logits [len(live), Vr] of depth d + 1 for the chains ``live`` (those with
-    depths[j] > d), given ``drawn[j]``, the tokens each chain drew so far.  Chain j draws from
-    ``gens[j]`` in the order ``sampled_chain`` does, so it gets the same tokens and q rows."""
-    drawn: list[list[int]] = [[] for _ in depths]
-    probs: list[list[Tensor]] = [[] for _ in depths]
-    conf: list[list[float]] = [[] for _ in depths]
-    for d in range(max(depths, default=0)):
-        live = [j for j, n in enumerate(depths) if n > d]
-        for j, row in zip(live, logits_at(d, live, drawn)):
-            tok, p, q = sample_reduced(row, vocab_ids, vocab_size, samplings[j], gens[j])
-            conf[j].append(conf[j][-1] * p if conf[j] else 1.0 * p)
-            drawn[j].append(tok)
-            probs[j].append(q)
-    return [DraftProposal(t, torch.stack(q), None, c) for t, q, c in zip(drawn, probs, conf)]
 
 
 def depth_first(tokens: list[int], parents: list[int], score: list[float], keep: set[int]) -> DraftProposal:

@@ -15,6 +15,14 @@ The rules (``EagleDrafter._tree``'s docstring): at each depth the ``kk`` frontie
 cumulative probability are expanded, those whose probability is above the budget-th best so far
 (the others cannot reach the final top ``budget``); the ``budget`` best nodes are kept, ties to the
 lower number (a node's number orders it after its ancestors, so the kept nodes form a tree).
+
+A ``SampledTree`` is grown the same way under sampling, with each expanded node's ``kk`` children
+*drawn* without replacement from the head's processed q (``draw_distinct``) instead of its top
+``kk``; its cumulative score is the log of the draws' probabilities.  Which nodes are expanded may
+depend on the drawn nodes' scores (a node's children are drawn after it), but which nodes are
+*kept* never depends on a node's own draw: the proposal is the first ``budget`` nodes in creation
+order (siblings in draw order), which is what keeps recursive rejection exact.  A node that could
+not be drawn (q has fewer than ``kk`` tokens) is void: score -inf, never expanded, never kept.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal
-from specserve.drafters.heads.runtime import depth_first
+from specserve.drafters.heads.runtime import depth_first, draw_distinct
+from specserve.sampling import SamplingParams, processed_probs
 
 
 class Tree:
@@ -91,9 +100,57 @@ class Tree:
         np.add(self.cum[e][:, None], values.numpy(), out=self.cum[a:b].reshape(m, k))
         self.lo, self.n = a, b
 
-    def proposal(self, vocab_ids: np.ndarray) -> DraftProposal:
+    def proposal(self, vocab_ids: np.ndarray, vocab_size: int) -> DraftProposal:
         """The ``budget`` best nodes (vocab_ids: the reduced vocabulary), emitted depth-first."""
         n = self.n
         cum = self.cum[:n]
         keep = np.argsort(-cum, kind="stable")[:self.budget]
         return depth_first(vocab_ids[self.tok[:n]].tolist(), self.par[:n].tolist(), cum.tolist(), set(keep.tolist()))
+
+
+class SampledTree(Tree):
+    """A tree of drawn nodes with their q rows (module docstring)."""
+
+    def __init__(self, budget: int, depth: int, kk: int, hidden: int, sampling: SamplingParams,
+                 gen: torch.Generator):
+        super().__init__(budget, depth, kk, hidden)
+        self.sampling, self.gen = sampling, gen
+        self.rows: list[Tensor | None] = []                   # per node: the q [Vr] it was drawn from
+
+    def draw(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Children of m nodes from the head's logits [m, Vr]: (log-probabilities of the draws [m, kk]
+        float32, -inf for void children; reduced-vocabulary indices [m, kk]); their q rows are kept."""
+        q = processed_probs(logits, self.sampling)                                       # [m, Vr]
+        values = torch.full((len(q), self.kk), float("-inf"))
+        indices = torch.zeros((len(q), self.kk), dtype=torch.int64)
+        for r in range(len(q)):
+            drawn, rows = draw_distinct(q[r], self.kk, self.gen)
+            for j, (i, row) in enumerate(zip(drawn, rows)):
+                values[r, j], indices[r, j] = float(row[i]), i
+            self.rows += rows + [None] * (self.kk - len(drawn))
+        return values.log(), indices
+
+    def select(self) -> int:
+        """As ``Tree.select``, expanding no more nodes than the budget has room for children of."""
+        room = self.budget - int(np.count_nonzero(self.cum[:self.n] > -np.inf))
+        if room <= 0:
+            self.expand, self.done = self.par[:0], True
+            return 0
+        m = super().select()
+        need = -(-room // self.kk)
+        if m > need:
+            self.expand = self.expand[:need]
+            m = need
+        return m
+
+    def proposal(self, vocab_ids: np.ndarray, vocab_size: int) -> DraftProposal:
+        """The first ``budget`` drawn nodes in creation order, with their q rows [N, vocab_size]."""
+        n = self.n
+        keep = np.flatnonzero(self.cum[:n] > -np.inf)[:self.budget]
+        index = {int(old): new for new, old in enumerate(keep)}
+        probs = torch.zeros(len(keep), vocab_size)
+        if len(keep):
+            probs[:, torch.from_numpy(vocab_ids)] = torch.stack([self.rows[i] for i in keep])
+        parents = [index[int(p)] if p >= 0 else -1 for p in self.par[keep]]
+        return DraftProposal(vocab_ids[self.tok[keep]].tolist(), probs, parents,
+                             np.exp(self.cum[keep]).tolist())
