@@ -147,7 +147,7 @@ def add_parser(sub) -> None:
     g = esub.add_parser("eagle", help="an eagle3 head as an EAGLE-3 draft model for vLLM and SGLang "
                                       "(LlamaForCausalLMEagle3)")
     g.add_argument("head", help="the head folder (config.json, head.safetensors) of `specserve train eagle "
-                                "--layout eagle3`")
+                                "--layout eagle3`, or 'default': the eagle head shipped for the default model")
     g.add_argument("--out", required=True, help="folder for config.json and model.safetensors")
     g.add_argument("--model", default="default", help="the target the head was trained for (its LM-head rows "
                    "of the reduced vocabulary are written with the head)")
@@ -158,12 +158,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     import sys
 
     from specserve.drafters.heads.files import read_config
+    from specserve.drafters.heads.runtime import head_path
     from specserve.models.loader import load_model
 
-    if not (Path(args.head) / "config.json").exists():
-        raise SpecserveError(f"no head at {args.head} (a head folder holds config.json and head.safetensors)")
-    refuse_unless_eagle3(read_config(args.head), args.head)       # before loading the target
-    out = export_eagle3(args.head, args.out, load_model(args.model), args.dtype)
+    head = str(head_path("eagle", args.head))
+    if not (Path(head) / "config.json").exists():
+        raise SpecserveError(f"no head at {head} (a head folder holds config.json and head.safetensors)")
+    refuse_unless_eagle3(read_config(head), head)                 # before loading the target
+    out = export_eagle3(head, args.out, load_model(args.model), args.dtype)
     print(f"EAGLE-3 draft model written to {out}: serve it with vLLM "
           f"--speculative-config '{{\"method\": \"eagle3\", \"model\": \"{out}\", \"num_speculative_tokens\": 3}}' "
           f"or SGLang --speculative-algorithm EAGLE3 --speculative-draft-model-path {out}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """The eagle and medusa drafters as they were before their drafting was vectorised (copied verbatim
 from specserve/drafters/eagle.py and medusa.py at commit 98f2adf, unregistered): the slow reference
 the fast paths are checked against (tests/test_eagle_speed_paths.py) and timed against
-(scripts/eagle_step_time.py --impl ref)."""
+(scripts/eagle_step_time.py --impl ref).  Since then: the layer runs through the head module's own
+pieces (``inputs``, ``normed``, ``residual``, ``mlp``), so either layout (eagle, eagle3) is checked,
+and the sampled chain it draws lives here (the drafters draw trees; ``sample_width=1`` is this chain)."""
 
 from __future__ import annotations
 
@@ -92,14 +94,14 @@ class RefEagle(Drafter):
     def __init__(self, target: Any, **options: Any):
         o = self.opts = self.Options(**options)
         self.target = target
-        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target)
+        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target, kinds=("eagle", "eagle3"))
         self.head_dir = str(head_path("eagle", o.head))
         self.topk, self.max_tree_depth = o.topk, o.depth
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
         self.head = module
         self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
-                    for name in ("fuse", "fc", "q", "kv", "o", "gate_up", "down")}
+                    for name in module.LINEARS}
         self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
         self.vocab_list = self.vocab_ids.tolist()
         self.vocab_size = target.config.vocab_size
@@ -138,8 +140,8 @@ class RefEagle(Drafter):
         ``mask`` [M, at + M] (None: causal over the slots).  Returns the outputs [M, hidden]."""
         h, c = self.head, self.cfg
         emb = self.target.model.weight_rows("embed", torch.tensor(tokens)).cpu()
-        x = self.lin["fc"](torch.cat([h.emb_norm(emb), h.feat_norm(g)], -1))
-        hn = h.attn_norm(x)
+        x = h.inputs(g, emb, self.lin)                        # either layout, by the module's own pieces
+        hn = h.normed(x)
         q = self.lin["q"](hn).view(-1, c.num_heads, c.head_dim)
         k, v = self.lin["kv"](hn).view(-1, 2, c.num_kv_heads, c.head_dim).unbind(1)
         q, k = rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta)
@@ -153,9 +155,7 @@ class RefEagle(Drafter):
             mask = torch.ones(m, at + m, dtype=torch.bool).tril(at)
         att = torch.einsum("grqk,kgd->qgrd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
                            vals).reshape(m, -1)
-        x = x + self.lin["o"](att)
-        a, b = self.lin["gate_up"](h.ffn_norm(x)).chunk(2, -1)
-        return x + self.lin["down"](torch.nn.functional.silu(a) * b)
+        return h.mlp(h.residual(x) + self.lin["o"](att), self.lin)
 
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""

@@ -118,6 +118,15 @@ def test_greedy_trees_are_the_reference_trees(wide, kind, options):
     assert drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24], exact=exact(wide)) > 100
 
 
+def test_eagle3_layout_trees_are_the_reference_trees():
+    """A head of EAGLE-3's layout (four target layers: three inner feature layers), on the native
+    kernels: the fast path's trees are the reference's bit for bit."""
+    t = tiny_model(seed=50, vocab=96, layers=4, kernels="native", hidden_size=128, num_heads=2, num_kv_heads=1,
+                   head_dim=64, intermediate_size=128)
+    opts = {"head": tiny_head("eagle3", t), "topk": 4, "depth": 5}
+    assert drive(t, "eagle", opts, PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24]) > 100
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_narrow_heads_agree_to_float_tolerance(narrow, kind):
     """head_dim 8: RoPE's cos and sin of a few positions run partly on scalar code in the reference."""

@@ -212,6 +212,10 @@ def test_export_refuses_the_old_layout_in_one_line(target, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     assert main(["export", "eagle", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
     assert "no head at" in capsys.readouterr().err
+    # 'default' is the shipped eagle head, whose layout is this project's: refused by its config alone
+    assert main(["export", "eagle", "default", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "specserve/data/heads/eagle" in err and "not EAGLE-3's" in err and not (tmp_path / "x").exists()
 
 
 def test_export_refuses_layers_the_servers_cannot_feed(target, tmp_path):
