@@ -55,13 +55,46 @@ def processed_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]           # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs                       # exclusive cumsum
-        drop_sorted = mass_before >= params.top_p                                  # never drops the top token
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = top_p_filtered(logits, params.top_p)
     return logits.softmax(-1)
+
+
+TOP_P_FIRST = 256      # candidates top-p looks at first (grown fourfold while they hold less than p)
+
+
+def top_p_filtered(logits: Tensor, top_p: float) -> Tensor:
+    """logits [..., V] with every token outside the nucleus at -inf: in order of probability, a token
+    is kept while the mass of the tokens before it is below ``top_p`` (so the top token always is).
+
+    The nucleus is found among the likeliest ``TOP_P_FIRST`` tokens (``topk``, a fraction of the
+    cost of sorting the whole vocabulary), grown fourfold while some row's candidates hold less
+    than ``top_p``: every token after them then has at least that mass before it, so none is kept,
+    and the result is that of a full sort (``top_p_sorted``, kept as the reference).  The masses are
+    summed in float64 (in float32 a nucleus of thousands of tokens gathers enough rounding to move
+    its last token across the threshold, differently for different summation orders), so the two
+    agree unless a token's mass before it lies within about 1e-12 of ``top_p``."""
+    vocab = logits.shape[-1]
+    k = min(TOP_P_FIRST, vocab)
+    lse = torch.logsumexp(logits.double(), -1, keepdim=True)                         # [..., 1]
+    while True:
+        vals, idx = torch.topk(logits, k, dim=-1)                                    # [..., k], likeliest first
+        probs = (vals.double() - lse).exp()
+        mass = probs.cumsum(-1)
+        if k == vocab or bool((mass[..., -1] >= top_p).all()):
+            break
+        k = min(4 * k, vocab)
+    keep = (mass - probs) < top_p                                                    # exclusive cumsum
+    return torch.full_like(logits, float("-inf")).scatter(-1, idx, vals.masked_fill(~keep, float("-inf")))
+
+
+def top_p_sorted(logits: Tensor, top_p: float) -> Tensor:
+    """``top_p_filtered`` by sorting the whole vocabulary (the slow reference)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.double().softmax(-1)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs                           # exclusive cumsum
+    drop_sorted = mass_before >= top_p                                             # never drops the top token
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def exponential_noise(shape: tuple[int, ...], generator: torch.Generator) -> Tensor:

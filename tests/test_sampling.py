@@ -46,3 +46,25 @@ def test_exponential_race_samples_the_distribution():
     noise = exponential_noise((40000, 5), g)
     draws = race(probs.expand(40000, 5) * 3.0, noise)       # unnormalised input is fine
     assert chi_square_pvalue(torch.bincount(draws, minlength=5), probs) > 1e-3
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 49152])
+def test_top_p_without_a_full_sort_is_the_sorted_reference(vocab):
+    """The nucleus found among the likeliest candidates (grown while they hold less than top_p) is
+    the full sort's, on peaked and on flat rows (nuclei from 1 token to most of the vocabulary, so
+    the candidates grow past their first 256), temperatures and thresholds; a difference is allowed
+    only between tokens of equal logit (which of two tied tokens a sort puts first is arbitrary)."""
+    from specserve.sampling import top_p_filtered, top_p_sorted
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(24):
+        logits = torch.randn(3, vocab, generator=g) * [0.3, 1.0, 3.0, 8.0][trial % 4]
+        if trial % 3 == 0:
+            logits[:, :5] += 15                                          # a few tokens hold nearly everything
+        for p in (1e-6, 0.3, 0.9, 0.99):
+            fast, ref = top_p_filtered(logits, p), top_p_sorted(logits, p)
+            kept_f, kept_r = ~torch.isinf(fast), ~torch.isinf(ref)
+            assert torch.equal(kept_f.sum(-1), kept_r.sum(-1))
+            for r, i in (kept_f != kept_r).nonzero().tolist():
+                assert int((logits[r] == logits[r, i]).sum()) > 1
+            same = kept_f & kept_r
+            assert torch.equal(fast[same], logits[same])
