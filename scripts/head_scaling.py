@@ -25,30 +25,30 @@ from pathlib import Path
 import torch
 
 
-def evaluator(target, data_dir: str, head_dir: str):
-    """A Trainer holding the head at ``head_dir``, its validation split the last shard of ``data_dir``."""
-    from specserve.drafters.heads import load_head
+def held_out_sets(data_dir: str, specbench_dir: str) -> dict[str, tuple[dict, list]]:
+    """Each set's meta and the shards measured, read once: the held-out split is the training data's
+    last shard; Spec-Bench's answers are every shard of their directory."""
     from specserve.train import data as tdata
+
+    meta, shards = tdata.load(data_dir)
+    spec_meta, spec_shards = tdata.load(specbench_dir)
+    return {"held_out": (meta, shards[-1:]), "spec_bench": (spec_meta, spec_shards)}
+
+
+def measure(target, head_dir: str, sets: dict[str, tuple[dict, list]]) -> dict:
+    """The head at ``head_dir``'s validation figure on every set, by the trainer's own ``validate``."""
+    from specserve.drafters.heads import load_head
     from specserve.train.trainer import Data, TrainConfig, Trainer
 
     cfg, module, vocab_ids = load_head(head_dir)
-    meta, shards = tdata.load(data_dir)
     layers = tuple(cfg.feature_layers)
-    data = Data(meta, shards if len(shards) > 1 else shards * 2, layers)
-    tr = Trainer(TrainConfig(kind=cfg.kind, layers=layers, vocab=len(vocab_ids)), target, data, "/nonexistent")
-    tr.module = module.float()
-    tr.vocab_ids = vocab_ids
-    tr.rows = target.model.weight_rows("lm_head", vocab_ids).cpu()
-    return tr
-
-
-def measure(target, head_dir: str, sets: dict[str, str]) -> dict:
     out = {}
-    for name, d in sets.items():
-        tr = evaluator(target, d, head_dir)
-        if name == "spec_bench":                          # every sequence of that directory
-            from specserve.train import data as tdata
-            tr.data.val = [s for sh in tdata.load(d)[1] for s in tr.data._split(sh)]
+    for name, (meta, shards) in sets.items():
+        data = Data(meta, shards * 2, layers)                 # (Data holds out its last shard)
+        data.val = [s for sh in shards for s in data._split(sh)]
+        tr = Trainer(TrainConfig(kind=cfg.kind, layers=layers, vocab=len(vocab_ids)), target, data, "/nonexistent")
+        tr.module, tr.vocab_ids = module.float(), vocab_ids
+        tr.rows = target.model.weight_rows("lm_head", vocab_ids).cpu()
         v = tr.validate()
         out[name] = {"accepted": round(v["accepted"], 4), "by_depth": [round(x, 4) for x in v["by_depth"]],
                      "starts": v["starts"]}
@@ -107,7 +107,7 @@ def main() -> int:
     from specserve.models.loader import load_model
     target = load_model(args.model)
     rows = heads(args)
-    sets = {"held_out": args.data_dir, "spec_bench": args.specbench_dir}
+    sets = held_out_sets(args.data_dir, args.specbench_dir)
     for r in rows:
         with torch.no_grad():
             r.update(measure(target, r["dir"], sets))

@@ -232,16 +232,16 @@ class EagleDrafter(Drafter):
         indices into the reduced vocabulary [m, kk]): the rows' top kk log-probabilities, or for a
         ``SampledTree`` its draws (then log-probabilities of the draws)."""
         logits = self._logits(o)
-        logp = logits.log_softmax(-1)
+        sampled = [isinstance(t, SampledTree) for _, t in parts]
+        logp = logits.log_softmax(-1) if not all(sampled) else None       # greedy trees rank by it
         kks = {t.kk for _, t in parts}
-        plain = all(type(t) is Tree for _, t in parts)
-        whole = logp.topk(kks.pop()) if plain and len(kks) == 1 else None
+        whole = logp.topk(kks.pop()) if not any(sampled) and len(kks) == 1 else None
         out, lo = [], 0
-        for m, t in parts:
+        for (m, t), drawn in zip(parts, sampled):
             if whole is not None:
                 out.append((whole.values[lo:lo + m], whole.indices[lo:lo + m]))
             else:
-                out.append(t.draw(logits[lo:lo + m]) if isinstance(t, SampledTree) else logp[lo:lo + m].topk(t.kk))
+                out.append(t.draw(logits[lo:lo + m]) if drawn else logp[lo:lo + m].topk(t.kk))
             lo += m
         return out
 

@@ -349,8 +349,8 @@ class Engine:
             if slot.seq_id in plain:
                 continue
             prop = proposals[slot.seq_id]
-            conf = sum(prop.trim_confidence()) if prop.trim_confidence() is not None else None
-            self.controller.learn(slot, len(prop), prop.depth, len(o.path), conf, plan)
+            conf = prop.trim_confidence()
+            self.controller.learn(slot, len(prop), prop.depth, len(o.path), None if conf is None else sum(conf), plan)
 
     def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
                      layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:

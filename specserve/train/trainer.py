@@ -253,8 +253,9 @@ class Trainer:
                 self.opt.step()
                 self.step += 1
                 self.pos_in_epoch = bi + 1
-                tokens += int(b.valid.sum())
-                self.history["positions"] += int(b.valid.sum())
+                n = int(b.valid.sum())
+                tokens += n
+                self.history["positions"] += n
                 lv = float(loss.detach())
                 ema = lv if ema is None else 0.95 * ema + 0.05 * lv
                 self.history["step"].append(self.step)
