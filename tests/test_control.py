@@ -250,6 +250,9 @@ def test_a_costly_unkept_drafter_drafts_only_to_probe():
     assert plan.probed == {0} and plan.budgets[0] == 2                             # due: a small probe
     ctl.kept[0] = 3
     assert ctl.plan([slot]).budgets[0] == 8                                        # near what was kept: 2 * 3 + 2
+    new = Slot(1, "conf", AUTO, 10, 50)
+    assert ctl.plan([new]).budgets[1] == 2                                         # a new sequence: a small look
+    assert controller().plan([new]).budgets[1] == 12                               # not costly: the largest draft
 
 
 def test_forget_drops_a_sequences_state():

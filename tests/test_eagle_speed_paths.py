@@ -26,6 +26,7 @@ from specserve.sampling import SamplingParams
 GREEDY = SamplingParams()
 SAMPLED = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.2, top_k=5, seed=2)]
 REF = {"eagle": RefEagle, "medusa": RefMedusa}
+UNBOUNDED = {"eagle": {"window": 0}, "medusa": {}}      # the reference catches up on every position
 
 
 def same(kind: str, a: DraftProposal, b: DraftProposal, exact: bool) -> None:
@@ -45,7 +46,7 @@ def drive(target, kind: str, options: dict, prompts: list[list[int]], steps: int
     """Run the fast drafter and the reference side by side (module docstring); returns the nodes
     compared.  ``fast_only``: options the reference does not have."""
     rng = random.Random(seed)
-    fast, ref = create(kind, target, **options, **fast_only), REF[kind](target, **options)
+    fast, ref = create(kind, target, **options, **UNBOUNDED[kind], **fast_only), REF[kind](target, **options)
     layers = tuple(fast.feature_layers)
     seqs = {}
     for sid, prompt in enumerate(prompts):
@@ -151,6 +152,59 @@ def test_a_step_that_drafts_nothing_only_keeps_the_features(wide):
     s = d.seqs[0]
     assert s.n_real == 0 and s.n_fused == 0                       # nothing computed
     assert all(a is feats[layer] for a, layer in zip(s.raw[0], d.feature_layers))   # nothing copied
+
+
+def _draft_after(d, prompt: list[int], feats: dict, pending: int, k: int = 8) -> DraftProposal:
+    d.begin(0, prompt, GREEDY, 16)
+    d.feedback(Feedback(0, DraftProposal([]), [], [prompt[-1]], feats))
+    return d.propose([DraftRequest(0, prompt + [pending], k, GREEDY)])[0]
+
+
+def test_a_window_drafts_as_if_the_sequence_began_at_its_edge(wide):
+    """With window w, a draft after n committed positions attends to the head's entries of the last w
+    alone; RoPE makes attention depend on relative positions only, so the tree is the one an unbounded
+    head drafts after that suffix of the prompt (same tokens and parents; confidences to float
+    tolerance: the rotations are computed at other absolute positions)."""
+    head = tiny_head("eagle", wide)
+    gen = random.Random(3)
+    prompt = [gen.randrange(wide.config.vocab_size) for _ in range(40)]
+    feats = prompt_features(wide, prompt, create("eagle", wide, head=head).feature_layers)
+    for w in (1, 8, 39):
+        windowed = create("eagle", wide, head=head, window=w)
+        a = _draft_after(windowed, prompt, feats, 7)
+        assert windowed.seqs[0].n_real == w                       # entries for the window alone
+        b = _draft_after(create("eagle", wide, head=head, window=0), prompt[-w:],
+                         {layer: f[-w:] for layer, f in feats.items()}, 7)
+        assert a.tokens == b.tokens and a.parent_list() == b.parent_list()
+        assert a.confidence == pytest.approx(b.confidence, rel=1e-4, abs=1e-6)
+    full = _draft_after(create("eagle", wide, head=head, window=0), prompt, feats, 7)
+    assert _draft_after(create("eagle", wide, head=head, window=40), prompt, feats, 7).tokens == full.tokens
+
+
+def test_a_window_bounds_what_steps_without_drafts_keep_and_what_the_next_draft_computes(wide):
+    """100 one-token steps without a draft keep the features of about w positions, not 100; the next
+    draft runs w new entries; a second draft right after runs only the positions committed between."""
+    w = 8
+    d = create("eagle", wide, head=tiny_head("eagle", wide), window=w)
+    prompt = PROMPTS[0]
+    d.begin(0, prompt, GREEDY, 200)
+    toks = list(prompt)
+    full = prompt_features(wide, prompt + [x % 90 + 1 for x in range(1, 101)], d.feature_layers)
+    d.feedback(Feedback(0, DraftProposal([]), [], [prompt[-1]], {l: f[:len(prompt)] for l, f in full.items()}))
+    for x in [x % 90 + 1 for x in range(1, 101)]:
+        n = len(toks)
+        assert d.propose([DraftRequest(0, toks + [x], 0, GREEDY)])[0].tokens == []
+        d.feedback(Feedback(0, DraftProposal([]), [], [x], {l: f[n:n + 1] for l, f in full.items()}))
+        toks.append(x)
+    s = d.seqs[0]
+    assert s.n_real == 0 and sum(p[0].shape[0] for p in s.raw) <= w + 1
+    assert d.propose([DraftRequest(0, toks + [5], 4, GREEDY)])[0].tokens
+    assert s.n_real == w and s.caught == len(toks)
+    n = len(toks)
+    more = prompt_features(wide, toks + [5, 6], d.feature_layers)
+    d.feedback(Feedback(0, DraftProposal([]), [], [5, 6], {l: f[n:n + 2] for l, f in more.items()}))
+    assert d.propose([DraftRequest(0, toks + [5, 6, 9], 4, GREEDY)])[0].tokens
+    assert s.n_real == w + 2
 
 
 def test_rope_table_is_rotary():

@@ -58,7 +58,7 @@ def test_eagle_tree_matches_the_training_unroll(layout, target, target4):
     for a head of either layout (eagle3: EAGLE-3's, on a 4-layer target: three inner feature layers)."""
     target = target4 if layout == "eagle3" else target
     head = tiny_head(layout, target)
-    d = create("eagle", target, head=head, topk=3, depth=4)
+    d = create("eagle", target, head=head, topk=3, depth=4, window=0)    # training's context: all of it
     d.bind(1, 64)
     prompt = PROMPT
     d.begin(0, prompt, SamplingParams(), 16)
@@ -89,14 +89,14 @@ def test_eagle_catch_up_after_accepting_matches_one_pass(target):
     layers = load_head(head)[0].feature_layers
     full = PROMPT + [7, 8, 9, 10, 11]
     feats = prompt_features(target, full, tuple(layers))
-    a = create("eagle", target, head=head)
+    a = create("eagle", target, head=head, window=0)
     a.begin(0, PROMPT, SamplingParams(), 16)
     a.feedback(Feedback(0, DraftProposal([]), [], [7], {l: f[:len(PROMPT)] for l, f in feats.items()}))
     a.propose([DraftRequest(0, PROMPT + [7], 6, SamplingParams())])
     n = len(PROMPT)
     a.feedback(Feedback(0, DraftProposal([8, 9]), [0, 1], [8, 9, 10], {l: f[n:n + 3] for l, f in feats.items()}))
     pa = a.propose([DraftRequest(0, full[:n + 4], 6, SamplingParams())])[0]
-    b = create("eagle", target, head=head)
+    b = create("eagle", target, head=head, window=0)
     b.begin(0, full[:n + 3], SamplingParams(), 16)
     b.feedback(Feedback(0, DraftProposal([]), [], [10], {l: f[:n + 3] for l, f in feats.items()}))
     pb = b.propose([DraftRequest(0, full[:n + 4], 6, SamplingParams())])[0]

@@ -16,8 +16,8 @@ A request with a fixed draft size gets exactly that; ``auto`` requests get, for 
 carry confidences, the drafter's largest draft (trimmed by ``keep``), and for the others the chain
 length that maximises the predicted rate beside the rest of the batch (``choice.rate``, the same
 rule ``keep`` applies).  A drafter whose drafting costs over ``COSTLY`` of a one-token pass is asked
-for about twice what was kept of its last draft, and for nothing while its drafts are not kept,
-except to probe.
+for about twice what was kept of its last draft (two nodes for a new sequence's first), and for
+nothing while its drafts are not kept, except to probe.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ class Controller:
         top = min(traits.max_auto_draft, self.max_draft)
         if traits.confidence or not top:
             kept = self.kept.get(s.seq_id)
+            if top and kept is None and self._costly(s):
+                return min(top, 2)                        # a new sequence: a small first look
             if top and kept == 0 and self._costly(s):
                 return min(top, 2) if probe else 0        # not kept last time: small, and only to probe
             if kept and self._costly(s):

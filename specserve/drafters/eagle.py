@@ -27,8 +27,12 @@ proposal is the first k nodes in the order they were drawn, so no node is kept o
 draw (which would bias the output).  ``sample_width=1`` is a chain.
 
 The head's key/value entries of real positions are kept per sequence and extended, when a draft is
-next asked for, with the positions committed since the last one (a step that asks for no draft costs
-nothing beyond keeping references to the features).  The sequences drafting in one step share the
+next asked for, with the positions committed since the last one, at most the newest ``window`` of
+them (a step that asks for no draft costs nothing beyond keeping references to the features of the
+window).  A draft after a long prompt, or after a stretch in which the controller drafted nothing,
+then costs ``window`` entries, not one per position; the skipped positions get no entry and the
+head attends to the entries it has, at their true positions.  Measured on Spec-Bench with the
+shipped head, a window of 4 to 128 accepts as much as the unbounded head (BENCHMARKS.md).  The sequences drafting in one step share the
 head's calls: one call for their new real entries, then one per depth for all their trees' expanded
 nodes (attention alone runs per sequence, over its own entries); a tree's bookkeeping is a few array
 operations per depth on its whole frontier, its ancestor mask grown a depth at a time
@@ -47,8 +51,8 @@ import torch
 from torch import Tensor
 
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
-from specserve.drafters.heads.runtime import (describe_head, head_option, head_path, open_head, positive,
-                                              RopeTable)
+from specserve.drafters.heads.runtime import (describe_head, head_option, head_path, non_negative, open_head,
+                                              positive, RopeTable)
 from specserve.drafters.heads.tree import SampledTree, Tree
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
@@ -64,7 +68,8 @@ class _Seq:
         self.n_feat = 0                                     # positions whose features arrived
         self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
         self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
-        self.n_real = 0
+        self.n_real = 0                                     # slots holding real entries
+        self.caught = 0                                     # positions t < caught need no real entry
         self.last: Tensor | None = None                     # output of the newest real entry [hidden]
         self.gen = gen
 
@@ -89,6 +94,9 @@ class EagleOptions:
     head: str = head_option("eagle")
     topk: int = option(8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk"))
     depth: int = option(6, "deepest drafted token", check=positive("eagle", "depth"))
+    window: int = option(8, "real entries a draft catches up on after positions committed without one: "
+                         "the newest this many (0: every position); bounds what a draft costs after a "
+                         "stretch of steps that drafted nothing", check=non_negative("eagle", "window"))
     sample_width: int = option(2, "under sampling: children drawn without replacement per expanded node, and "
                                "nodes expanded per depth (1: a chain)", check=positive("eagle", "sample_width"))
 
@@ -96,6 +104,7 @@ class EagleOptions:
         positive("eagle", "topk")(self.topk)
         positive("eagle", "depth")(self.depth)
         positive("eagle", "sample_width")(self.sample_width)
+        non_negative("eagle", "window")(self.window)
 
 
 @register("eagle")
@@ -149,6 +158,9 @@ class EagleDrafter(Drafter):
         feats = tuple(fb.features[l] for l in self.feature_layers)
         s.raw.append(feats)                                   # fused when next drafted from (lazily:
         s.n_feat += feats[0].shape[0]                         # no work while no draft is asked for)
+        w = self.opts.window
+        while w and len(s.raw) > 1 and s.n_fused + s.raw[0][0].shape[0] <= s.n_feat - w:
+            s.n_fused += s.raw.pop(0)[0].shape[0]             # never read: outside the window
 
     # -- the head ----------------------------------------------------------------------------------------
     def _entries(self, parts: list[_Part], g: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:
@@ -197,35 +209,42 @@ class EagleDrafter(Drafter):
 
     def _catch_up(self, batch: list[tuple[_Seq, list[int]]]) -> None:
         """Real entries for every position whose features and next token are known (t <= n - 1), for
-        each sequence of ``batch`` ((state, tokens)): one fuse and one entries call for them all."""
+        each sequence of ``batch`` ((state, tokens)): one fuse and one entries call for them all.  With
+        a ``window`` w, positions older than n - w that no draft has caught up on are skipped: their
+        features are never fused and they get no entry (the head attends to the entries it has, at
+        their true rotary positions)."""
+        w = self.opts.window
+        work = []                                             # (state, tokens, first position, n)
         for s, tokens in batch:
-            if s.n_feat != len(tokens) - 1:                    # len - 1: the pending token's position
-                raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {len(tokens) - 1}")
-        fresh = [s for s, _ in batch if s.raw]
+            n = len(tokens) - 1                                # the pending token's position
+            if s.n_feat != n:
+                raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {n}")
+            work.append((s, tokens, max(s.caught, n - w) if w else s.caught, n))
+        fresh = [(s, lo) for s, _, lo, _ in work if s.raw]
         if fresh:
-            raw = torch.cat([torch.cat(p, -1) for s in fresh for p in s.raw]).float().cpu()   # [N, F * hidden]
-            fused, lo = self.lin["fuse"](raw), 0
-            for s in fresh:
-                n, m = s.n_feat, s.n_feat - s.n_fused
+            rows = [torch.cat([torch.cat(p, -1) for p in s.raw])[max(lo - s.n_fused, 0):] for s, lo in fresh]
+            fused, at = self.lin["fuse"](torch.cat(rows).float().cpu()), 0   # [N, F * hidden] -> [N, hidden]
+            for (s, _), r in zip(fresh, rows):
+                n, m = s.n_feat, len(r)
                 s.reserve(n + self.max_tree_depth * self.topk + 1)
-                s.g[s.n_fused:n] = fused[lo:lo + m]
-                s.raw, s.n_fused, lo = [], n, lo + m
+                s.g[n - m:n] = fused[at:at + m]
+                s.raw, s.n_fused, at = [], n, at + m
         parts: list[_Part] = []
-        g, tokens, pos = [], [], []
-        for s, toks in batch:
-            lo, n = s.n_real, len(toks) - 1
+        g, tokens, pos, ends = [], [], [], []
+        for s, toks, lo, n in work:
             self.rope.reserve(n + self.max_tree_depth + 1)
             if lo < n:
-                parts.append((s, lo, n - lo, None))
+                parts.append((s, s.n_real, n - lo, None))
                 g.append(s.g[lo:n])
                 tokens += toks[lo + 1:n + 1]
                 pos += range(lo, n)
+                ends.append(n)
         if parts:
             out = self._entries(parts, torch.cat(g) if len(g) > 1 else g[0], torch.tensor(tokens), torch.tensor(pos))
             end = 0
-            for s, lo, m, _ in parts:
+            for (s, at, m, _), n in zip(parts, ends):
                 end += m
-                s.n_real, s.last = lo + m, out[end - 1]
+                s.n_real, s.caught, s.last = at + m, n, out[end - 1]
 
     def _children(self, o: Tensor, parts: list[tuple[int, Tree]]) -> list[tuple[Tensor, Tensor]]:
         """The children of outputs o [M, hidden]: per part (m rows, its tree), (scores [m, kk] float32,

@@ -75,6 +75,14 @@ def positive(drafter: str, name: str):
     return check
 
 
+def non_negative(drafter: str, name: str):
+    def check(v: int) -> int:
+        if v < 0:
+            raise SpecserveError(f"{drafter} option {name} must be >= 0, got {v}")
+        return v
+    return check
+
+
 def draw_distinct(q: Tensor, width: int, gen: torch.Generator) -> tuple[list[int], list[Tensor]]:
     """Up to ``width`` distinct indices drawn one after another without replacement from q [Vr]
     (processed probabilities): draw j from q renormalised over the indices not drawn before it (the
