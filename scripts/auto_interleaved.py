@@ -2,7 +2,7 @@
     python scripts/auto_interleaved.py BATCH PROMPTS REPS   (BENCHMARKS.md, section 16)"""
 import json, time, sys
 from specserve.llm import LLM
-qs = [json.loads(l) for l in open("../shared/data/spec_bench/question.jsonl")]
+qs = [json.loads(l) for l in open("specserve/data/spec_bench/question.jsonl")]
 batch, n, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 prompts = [[{"role": "user", "content": q["turns"][0]}] for q in qs[::480 // n][:n]]
 llm = LLM("default", drafters=["eagle"], max_batch=batch, max_len=2048)
