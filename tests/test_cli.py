@@ -27,6 +27,7 @@ CLI = [sys.executable, "-m", "specserve.cli"]
     (["generate"], "required"),
     (["generate", "--prompt", "hi", "--drafter", "eagle:head=/no/such/head"], "no head at"),
     (["generate", "--prompt", "hi", "--drafter", "eagle:topk=0"], "topk must be >= 1"),
+    (["generate", "--prompt", "hi", "--drafter", "eagle:window=-1"], "window must be >= 0, got -1"),
     (["serve", "--api-key", ""], "--api-key must not be empty"),
     (["serve", "--api-key", "two words"], "must not contain whitespace"),
     (["serve", "--max-tokens-limit", "0"], "--max-tokens-limit must be >= 1, got 0"),

@@ -67,20 +67,21 @@ def open_head(kind: str, spec: str, target, kinds: tuple[str, ...] | None = None
     return cfg, module, vocab_ids
 
 
-def positive(drafter: str, name: str):
+def at_least(low: int, drafter: str, name: str):
+    """The check of an integer option of ``drafter`` that must be >= low."""
     def check(v: int) -> int:
-        if v < 1:
-            raise SpecserveError(f"{drafter} option {name} must be >= 1, got {v}")
+        if v < low:
+            raise SpecserveError(f"{drafter} option {name} must be >= {low}, got {v}")
         return v
     return check
+
+
+def positive(drafter: str, name: str):
+    return at_least(1, drafter, name)
 
 
 def non_negative(drafter: str, name: str):
-    def check(v: int) -> int:
-        if v < 0:
-            raise SpecserveError(f"{drafter} option {name} must be >= 0, got {v}")
-        return v
-    return check
+    return at_least(0, drafter, name)
 
 
 def draw_distinct(q: Tensor, width: int, gen: torch.Generator) -> tuple[list[int], list[Tensor]]:
