@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/specserve generate --model default --drafter ngram-tree --max-tokens 128 \
+exec .venv/bin/specserve generate --model default --max-tokens 128 \
   --prompt "Summarize the following text in two sentences, reusing its wording: Speculative decoding lets a cheap drafter propose several tokens, verifies all of them in one pass of the target model, and keeps the longest prefix the target agrees with, plus one token of the target's own. Under greedy decoding the output is token for token the target's greedy output." \
   --compare-plain "$@"

@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts"))
     _profile_parser(sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, "
                                                    "overhead)"))
+    _advise_parser(sub.add_parser("advise", help="predict each drafter's speed-up on your prompts from a short "
+                                                 "calibration, and recommend one (--check: measure it too)"))
     from specserve.train.cli import add_parser as add_train_parser
     add_train_parser(sub)
     from specserve.export import add_parser as add_export_parser
@@ -74,8 +76,47 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--endpoint-model", default="default", help="model name to send to --endpoint")
     b.add_argument("--system-prompt", default=None, help="with --endpoint: a text file sent as the system message "
                    "of every request (a shared prefix)")
+    b.add_argument("--warm-phases", action="store_true", help="drafters with memory across requests (suffix's corpus, "
+                   "auto) keep it from one phase to the next (default: each phase starts as a fresh server)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md and plots")
     runtime_args(b)
+
+
+def _advise_parser(a: argparse.ArgumentParser) -> None:
+    model_arg(a)
+    a.add_argument("--prompts", default=None, help="a JSONL file of prompts ({prompt or turns, category}); default: "
+                   "Spec-Bench's")
+    a.add_argument("--per-group", type=int, default=2, help="prompts per category in the sample (the first ones)")
+    a.add_argument("--methods", default=None, help="comma-separated drafter specs (default: ngram-tree, suffix, "
+                   "eagle where a head fits, auto)")
+    a.add_argument("--concurrency", default="1,4", help="comma-separated levels to predict")
+    a.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    a.add_argument("--check", action="store_true", help="also run every method and print predicted against measured")
+    a.add_argument("--json", default=None, help="also write the predictions to this JSON file")
+    runtime_args(a)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from specserve.bench.advise import render_advice, run_advise
+    from specserve.models.loader import resolve_model_path
+
+    levels = _ints(args.concurrency, "--concurrency")
+    if not levels or any(c < 1 for c in levels):
+        raise SpecserveError("--concurrency takes levels >= 1")
+    if args.per_group < 1 or args.max_tokens < 1:
+        raise SpecserveError("--per-group and --max-tokens must be >= 1")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    if methods is not None:
+        from specserve.drafters import DrafterSpec
+        for m in methods:
+            DrafterSpec.parse(m)                     # a typo is refused before the model loads
+    resolve_model_path(args.model)
+    doc = run_advise(args.model, runtime_options(args), args.prompts, args.per_group, methods, sorted(set(levels)),
+                     args.max_tokens, args.check, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    print(render_advice(doc), end="")
+    return 0
 
 
 def _profile_parser(f: argparse.ArgumentParser) -> None:
@@ -128,7 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       cost_tokens=_ints(args.cost_tokens, "--cost-tokens"),
                       cost_batches=_ints(args.cost_batches, "--cost-batches"), plots=not args.no_plots,
                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                      system_prompt=_system_prompt(args))
+                      system_prompt=_system_prompt(args), warm_phases=args.warm_phases)
     if args.endpoint:
         from specserve.bench.report import render_endpoint_report
         from specserve.bench.runner import run_endpoint_bench
@@ -262,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
-                "profile": cmd_profile, "train": cmd_train, "export": cmd_export}[args.command](args)
+                "profile": cmd_profile, "advise": cmd_advise, "train": cmd_train,
+                "export": cmd_export}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

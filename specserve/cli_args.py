@@ -49,7 +49,8 @@ def engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     """The model, its runtime, the drafter(s) and the context length: generate's and serve's."""
     model_arg(p)
     p.add_argument("--drafter", default=None, action="append" if many else "store",
-                   help="drafter spec name[:option=value]... (default ngram"
+                   help="drafter spec name[:option=value]... (default auto: every drafter merged, each "
+                        "request's draft chosen per step"
                         + ("; repeatable, the first is the default for requests" if many else "") + "). "
                         + "Drafters: " + drafter_help().replace("%", "%%"))
     p.add_argument("--num-draft", default=None,
@@ -77,8 +78,10 @@ def drafter_specs(args: argparse.Namespace) -> list:
     from specserve.drafters import DrafterSpec
     from specserve.drafters.registry import parse_num_draft
 
-    texts = args.drafter if isinstance(args.drafter, list) else [args.drafter or "ngram"]
-    specs = [DrafterSpec.parse(t) for t in (texts or ["ngram"])]
+    from specserve.llm import DEFAULT_DRAFTER
+
+    texts = args.drafter if isinstance(args.drafter, list) else [args.drafter or DEFAULT_DRAFTER]
+    specs = [DrafterSpec.parse(t) for t in (texts or [DEFAULT_DRAFTER])]
     if args.num_draft is not None:
         k = parse_num_draft(args.num_draft, "--num-draft")
         specs[0] = DrafterSpec(specs[0].name, specs[0].options, k, specs[0].text)

@@ -13,6 +13,8 @@ from specserve.control import PrefillPolicy
 from specserve.sampling import SamplingParams
 from specserve.tokenizer import Tokenizer, load_tokenizer
 
+DEFAULT_DRAFTER = "auto"       # what the Python API, the command line and the server load unless told
+
 
 @dataclass
 class Completion:
@@ -50,11 +52,15 @@ class LLM:
         """``prefill``: chunked prefill and prefix reuse (default: chunks of 256, no prefix pool).
         ``drafters``: specs (``"ngram:max_n=5"``; the label a request names is the drafter's name),
         or a mapping label -> options, where the option ``drafter`` names the registered drafter
-        (default: the label) and ``k`` its default draft length.  ``none`` is always loaded; with
-        ``preload`` so is every drafter that declares itself cheap (``Drafter.preload``)."""
+        (default: the label) and ``k`` its default draft length; None (the default): ``auto``, every
+        drafter merged (``specserve.drafters.auto``).  The first one named is what a request that
+        names no drafter gets (``default_drafter``).  ``none`` is always loaded; with ``preload`` so
+        is every drafter that declares itself cheap (``Drafter.preload``)."""
         self.target = loaded or load_model(model, options)
         self.tokenizer = load_tokenizer(self.target)
         specs: dict[str, DrafterSpec] = {"none": DrafterSpec("none")}
+        if drafters is None:
+            drafters = [DEFAULT_DRAFTER]
         if isinstance(drafters, Mapping):
             for label, opts in drafters.items():
                 opts = dict(opts)
@@ -68,6 +74,8 @@ class LLM:
             for name in available():
                 if drafter_class(name).preload and name not in specs:
                     specs[name] = DrafterSpec(name)
+        named = [label for label in specs if label != "none"]
+        self.default_drafter = named[0] if named else "none"   # what a request that names none gets
         self._drafters = {label: spec.build(self.target) for label, spec in specs.items()}
         self.default_k = {label: spec.k for label, spec in specs.items()}   # draft length when a request names none
         self._max_len, self._prefill = max_len, prefill
@@ -88,6 +96,11 @@ class LLM:
         return Engine(self.target, {label: self._drafters[label] for label in labels}, max_batch=max_batch,
                       max_len=self._max_len, prefill=self._prefill)
 
+    def reset_memory(self) -> list[str]:
+        """Every loaded drafter forgets what it learnt across requests, as on a fresh server
+        (``Drafter.reset_memory``); the labels of those that had such memory."""
+        return [label for label, d in self._drafters.items() if d.reset_memory()]
+
     def describe_drafters(self) -> dict[str, dict]:
         """label -> what each loaded drafter reports about itself (``Drafter.describe``)."""
         return {label: d.describe() for label, d in self._drafters.items()}
@@ -102,10 +115,12 @@ class LLM:
             raise SpecserveError("empty messages", "messages")
         return self.tokenizer.encode_chat(prompt)
 
-    def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str = "none",
+    def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str | None = None,
                 num_draft: int | str | None = None, stop: list[str] | None = None) -> Request:
-        """An engine request; ``num_draft``: a number (0 stays 0), ``"auto"``, or None for the drafter's
-        configured default (``auto`` unless its spec named a number)."""
+        """An engine request; ``drafter``: a loaded label, None for ``default_drafter``; ``num_draft``: a
+        number (0 stays 0), ``"auto"``, or None for the drafter's configured default (``auto`` unless
+        its spec named a number)."""
+        drafter = drafter or self.default_drafter
         if num_draft is None:
             num_draft = self.default_k.get(drafter, 0)
         return Request(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, drafter=drafter,
@@ -119,7 +134,7 @@ class LLM:
         return Completion(text, result.tokens, result.finish_reason, result.stats.to_dict())
 
     def generate(self, prompts: list[str | list[dict]], max_tokens: int = 128,
-                 sampling: SamplingParams | None = None, drafter: str = "none", num_draft: int | str | None = None,
+                 sampling: SamplingParams | None = None, drafter: str | None = None, num_draft: int | str | None = None,
                  stop: list[str] | None = None, raw: bool = False) -> list[Completion]:
         sampling = sampling or SamplingParams()
         reqs = [self.request(self.encode(p, raw), max_tokens, sampling, drafter, num_draft, stop) for p in prompts]

@@ -1,11 +1,14 @@
 """The adaptive controller: its pure pieces by hand, and its decisions through the engine on tiny models."""
 
+import math
+
 import pytest
 import torch
 
 from conftest import tiny_model
 from specserve.control import (AUTO, AcceptanceModel, Candidate, Controller, CostModel, ProbeState, Slot, StepPlan,
                                Traits, calibrate, choose)
+from specserve.control.controller import INHERITED_GAP, PROBE_SHARE
 from specserve.drafters import create
 from specserve.drafters.base import DraftProposal
 from specserve.engine import Engine, Request
@@ -79,18 +82,21 @@ def test_probe_backoff():
     assert p.gap == 8
 
 
-def test_a_new_sequence_inherits_its_drafters_probe_gap(target):
+def test_a_new_sequence_inherits_its_drafters_probe_gap_up_to_a_bound(target):
     """After a drafter's probes failed on one request, the next request of that drafter waits as long
-    before its first probe; a successful probe gives the short gap back."""
+    before its first probe, but never longer than ``INHERITED_GAP`` (so one kind of prompt cannot
+    switch the drafter off for the next kind); a successful probe gives the short gap back."""
     eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
     eng.controller.cost = MODERATE.fresh()
     eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO)])
     gap = eng.controller.drafter_gap["o"]
     assert gap >= 16                                                               # probes failed and backed off
+    eng.generate([Request(PROMPTS[1], 130, drafter="o", num_draft=AUTO)])
+    assert eng.controller.drafter_gap["o"] > INHERITED_GAP                        # backed off further
     s = Slot(99, "o", AUTO, 10, 50)
-    assert eng.controller.probe(s).gap == gap
+    assert eng.controller.probe(s).gap == INHERITED_GAP
     assert eng.controller.probe(Slot(98, "other", AUTO, 10, 50)).gap == ProbeState.gap
-    eng.controller.learn(s, 1, 1, 1, None, StepPlan({99: 1}, {99}))             # an accepted probe
+    eng.controller.learn(s, DraftProposal([5]), [0], StepPlan({99: 1}, {99}))   # an accepted probe
     assert eng.controller.drafter_gap["o"] == ProbeState.gap
 
 
@@ -187,7 +193,7 @@ def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(tar
     eng.controller.keep([slot], proposals, plan)
     assert proposals[0].tokens == [4] and proposals[0].future_gain == [0.5]
     before = eng.controller.acceptance.calibration("x", 0)
-    eng.controller.learn(slot, 1, 1, 0, sum(proposals[0].confidence), plan)
+    eng.controller.learn(slot, proposals[0], [], plan)
     assert eng.controller.acceptance.calibration("x", 0) == before
     proposals = {0: DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0])}                 # no future gain: nothing kept
     eng.controller.keep([slot], proposals, plan)
@@ -241,14 +247,16 @@ def test_a_costly_unkept_drafter_drafts_only_to_probe():
     ctl = controller()
     ctl.observe_draft("conf", 0.005, 1)                                            # half a 10 ms pass: costly
     slot = Slot(0, "conf", AUTO, 10, 50)
-    ctl.kept[0] = 0                                                                # its last draft was not kept
-    for _ in range(ProbeState.gap):
+    ctl.kept[(0, "conf")] = 0                                                      # its last draft was not kept
+    wait = math.ceil(0.005 / (PROBE_SHARE * 0.010))                                # 25 steps: a probe costs at
+    assert wait > ProbeState.gap                                                   # most PROBE_SHARE of them
+    for _ in range(wait):
         plan = ctl.plan([slot])
         assert plan.budgets[0] == 0 and not plan.probed
-        ctl.learn(slot, 0, 0, 0, None, plan)
+        ctl.learn(slot, DraftProposal([]), [], plan)
     plan = ctl.plan([slot])
     assert plan.probed == {0} and plan.budgets[0] == 2                             # due: a small probe
-    ctl.kept[0] = 3
+    ctl.kept[(0, "conf")] = 3
     assert ctl.plan([slot]).budgets[0] == 8                                        # near what was kept: 2 * 3 + 2
     new = Slot(1, "conf", AUTO, 10, 50)
     assert ctl.plan([new]).budgets[1] == 2                                         # a new sequence: a small look
@@ -259,10 +267,10 @@ def test_forget_drops_a_sequences_state():
     ctl = controller()
     slot = Slot(7, "chain", AUTO, 10, 50)
     plan = ctl.plan([slot])
-    ctl.learn(slot, 2, 2, 1, None, plan)
-    ctl.kept[7] = 1
+    ctl.learn(slot, DraftProposal([1, 2]), [0], plan)
+    ctl.kept[(7, "chain")] = 1
     ctl.forget(7)
-    assert 7 not in ctl.probes and 7 not in ctl.kept and 7 not in ctl.acceptance.by_seq
+    assert not ctl.probes and not ctl.kept and not ctl.acceptance.by_seq
     assert "chain" in ctl.acceptance.by_drafter                                    # the drafter's history stays
 
 

@@ -15,7 +15,7 @@ Two levels:
    whose q is zero outside their reduced vocabulary.
 
 Each test uses Pearson's chi-square with a p-value threshold of 1e-3, i.e. a false-failure rate
-of 0.1% per test for a correct sampler (about 3% for the whole file's 27 such tests).  Seeds are fixed, so
+of 0.1% per test for a correct sampler (about 3% for the whole file's 30 such tests).  Seeds are fixed, so
 results are reproducible.  ``test_detects_a_wrong_sampler`` shows the test has power: a sampler
 that always accepts the draft is rejected.
 """
@@ -131,6 +131,19 @@ def test_engine_sampling_with_learned_heads_matches_target(models, dname, pname,
     target = models[0]
     drafter = create(dname, target, head=tiny_head(dname, target), sample_width=width)
     counts = run_engine(target, drafter, dname, PARAMS[pname], 3000, k=k)
+    assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
+
+
+@pytest.mark.parametrize("pname,k", [("t0.7", 6), ("topk3", "auto"), ("t1.0", 12)])
+def test_engine_sampling_with_merged_trees_matches_target(models, pname, k):
+    """3,000 generations of 3 tokens per case with ``auto``: a trie of one-hot nodes (n-gram lookup
+    over the prompt and the corpus of earlier requests) followed by a head's drawn subtree (siblings
+    drawn without replacement, q zero outside its reduced vocabulary), verified by recursive
+    rejection in that sibling order; ``auto``: the controller trims the merged tree by depth."""
+    target = models[0]
+    parts = {"ngram-tree": create("ngram-tree", target, min_n=1), "suffix": create("suffix", target, min_n=1),
+             "eagle": create("eagle", target, head=tiny_head("eagle", target), sample_width=2)}
+    counts = run_engine(target, create("auto", target, parts=parts), "auto", PARAMS[pname], 3000, k=k)
     assert chi_square_pvalue(counts, exact_distribution(target, PARAMS[pname])) > 1e-3
 
 

@@ -31,6 +31,8 @@ def target():
 
 CONFORMANCE = {
     "none": lambda t: {},
+    "auto": lambda t: {"parts": {"ngram-tree": create("ngram-tree", t, max_matches=8), "suffix": create("suffix", t),
+                                 "eagle": create("eagle", t, head=tiny_head("eagle", t), topk=3, depth=4)}},
     "ngram": lambda t: {"max_n": 3},
     "ngram-tree": lambda t: {"max_matches": 8},
     "suffix": lambda t: {"max_n": 6},

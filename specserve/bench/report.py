@@ -31,7 +31,19 @@ def _head(doc: dict) -> list[str]:
             f"Model `{Path(cfg['model_path']).name}`, runtime {cfg['runtime']}, {cfg['max_tokens']} new tokens, "
             f"{_sampling(cfg)}, prompts: {cfg.get('prompt_format', 'chat template')}. Machine: "
             f"{doc['machine'].get('processor') or 'CPU'}, {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}.", "",
-            "## Roofline", "", roofline_line(doc["roofline"]).strip()]
+            "## Roofline", "", roofline_line(doc["roofline"]).strip()] + _memory_line(doc)
+
+
+def _memory_line(doc: dict) -> list[str]:
+    """Which drafters remember across requests, and whether each phase started them fresh."""
+    mem = doc.get("memory")
+    if not mem or not mem["drafters"]:
+        return []
+    names = ", ".join(mem["drafters"])
+    how = ("each phase (concurrency 1, then each level) started them empty, as a fresh server would, and they "
+           "learnt from that phase's requests alone" if mem["phases"] == "fresh" else
+           "they kept their memory from one phase to the next (a warm workload: later phases replay earlier answers)")
+    return ["", f"Drafters with memory across requests ({names}): {how}."]
 
 
 def _overall_table(doc: dict) -> list[str]:
@@ -86,20 +98,38 @@ def _group_table(doc: dict) -> list[str]:
 def _concurrency_table(doc: dict) -> list[str]:
     if not doc.get("concurrency"):
         return []
-    lines = ["", "## Concurrency (closed loop, batched engine)", "",
-             "| method | concurrency | requests | req/s | output tok/s | vs plain | TTFT p50/p99 ms | TPOT p50/p99 ms | "
-             "ITL p50/p99 ms | E2E p50/p99 s | mean accepted length | nodes per step | steps with no draft |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    asked = doc["config"].get("concurrency_prompts")
+    n = doc.get("concurrency_requests")
+    note = ([f"Levels above 1 ran {n} requests each: --concurrency-prompts asked for {asked}, but only {n} prompts "
+             "were selected (--per-group x groups).", ""] if asked and n is not None and asked > n else [])
+    if any("predicted_vs_plain" in c for c in doc["concurrency"]):
+        note += ["Predicted: `specserve advise`'s prediction (in brackets its mean accepted length), from replaying "
+                 "each method over plain decoding's output with the engine's controller and cost model, calibrated "
+                 "on plain decoding's measured time at the same level." + "".join(
+                     f" Not predicted: {k} ({v})." for k, v in doc.get("not_predicted", {}).items()), ""]
+    lines = ["", "## Concurrency (closed loop, batched engine)", "", *note,
+             "| method | concurrency | requests | req/s | output tok/s | vs plain | predicted | TTFT p50/p99 ms | "
+             "TPOT p50/p99 ms | ITL p50/p99 ms | E2E p50/p99 s | mean accepted length | nodes per step | "
+             "steps with no draft |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     plain = {c["concurrency"]: c["output_tok_s"] for c in doc["concurrency"] if c["method"] == "none"}
     for c in doc["concurrency"]:
         vs = c["output_tok_s"] / plain[c["concurrency"]] if plain.get(c["concurrency"]) else float("nan")
         off = c.get("draft_sizes", {}).get("off_share", float("nan"))
         lines.append(f"| {c['method']} | {c['concurrency']} | {c['requests']} | {c['request_throughput']:.3f} | "
-                     f"{c['output_tok_s']:.1f} | {vs:.2f}x | {_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
+                     f"{c['output_tok_s']:.1f} | {vs:.2f}x | {_predicted(c)} | "
+                     f"{_ms(c['ttft_s']['p50'])}/{_ms(c['ttft_s']['p99'])} | "
                      f"{_ms(c['tpot_s']['p50'])}/{_ms(c['tpot_s']['p99'])} | {_ms(c['itl_s']['p50'])}/{_ms(c['itl_s']['p99'])} | "
                      f"{c['e2e_s']['p50']:.2f}/{c['e2e_s']['p99']:.2f} | {c['mean_accepted_length']:.2f} | "
                      f"{c.get('mean_nodes_per_step', float('nan')):.2f} | {off * 100:.0f}% |")
     return lines
+
+
+def _predicted(row: dict) -> str:
+    """The advisor's predicted speed-up (and mean accepted length) for a row, or "-"."""
+    if "predicted_vs_plain" not in row:
+        return "-"
+    return f"{row['predicted_vs_plain']:.2f}x ({row['predicted_mean_accepted_length']:.2f})"
 
 
 def _cost_section(doc: dict) -> list[str]:

@@ -4,6 +4,10 @@ Phases: 1. roofline card; 2. cost curve of one target pass; 3. every method at c
 interleaved prompt by prompt (plain decoding is the baseline); 4. each higher concurrency level
 through the batched engine, closed loop (a request is admitted as soon as a slot frees); 5. peer
 engines; 6. results.json, report.md and plots.
+
+Drafters with memory across requests (suffix's corpus, ``auto`` over it) start phases 3 and 4
+each as on a fresh server, their memory emptied after the warm-up (``warm_phases`` keeps it from
+one phase to the next instead, for a workload meant to be warm); the report says which.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class BenchConfig:
     top_p: float = 1.0
     seed: int = 0
     system_prompt: str | None = None            # --endpoint: a system message sent before every prompt
+    warm_phases: bool = False                   # drafters keep their memory across phases (a warm workload)
 
     def sampling(self, i: int) -> SamplingParams:
         """Prompt i's sampling settings (the same for every method)."""
@@ -117,7 +122,8 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     doc["roofline"] = _roofline(llm.target)                  # 1. printed before anything is measured
     print("cost curve", file=sys.stderr)                     # 2.
     doc["cost_curve"] = cost_curve(llm.target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
-    records = _every_method(llm, methods, prompts, ids, cfg)  # 3.
+    doc["memory"] = {"drafters": [], "phases": "warm" if cfg.warm_phases else "fresh"}
+    records = _every_method(llm, methods, prompts, ids, cfg, doc["memory"])  # 3.
     # what each drafter reports after the run (a corpus, learned rates; a calibration from start-up)
     described = llm.describe_drafters()
     doc["drafters"] = {m.label: described[m.label] for m in methods}
@@ -125,19 +131,44 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     doc["records"] = records
     _checkpoint(doc, cfg.out)
     doc["concurrency"] = []                                  # 4.
-    n_conc = cfg.concurrency_prompts or len(prompts)
+    n_conc = min(cfg.concurrency_prompts or len(prompts), len(prompts))
+    doc["concurrency_requests"] = n_conc                     # the prompts selected bound what was asked for
     for level in sorted(set(cfg.concurrency)):
         if level == 1:
             runs = {m.label: (records[m.label][:n_conc], sum(r["total_s"] for r in records[m.label][:n_conc]))
                     for m in methods}
         else:
-            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling)
+            runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling,
+                                      doc["memory"], cfg.warm_phases)
         doc["concurrency"] += [_concurrency_row(m.label, level, *runs[m.label]) for m in methods]
         _checkpoint(doc, cfg.out)
+    _predicted(llm, methods, ids[:n_conc], records[methods[0].label][:n_conc], doc, cfg)
     doc["peers"] = run_peers(cfg, llm.target.path, ids, records[methods[0].label], llm.tokenizer)   # 5.
     _checkpoint(doc, cfg.out)
     _write_files(doc, cfg)                                   # 6.
     return doc
+
+
+def _predicted(llm, methods: list[Method], ids: list[list[int]], plain: list[dict], doc: dict, cfg: BenchConfig) -> None:
+    """The advisor's prediction beside each measured concurrency row (``specserve.bench.advise``),
+    calibrated on plain decoding's measured wall at that level; greedy runs only."""
+    from specserve.bench.advise import predict
+
+    if cfg.temperature > 0:
+        return
+    walls = {c["concurrency"]: c["wall_s"] for c in doc["concurrency"] if c["method"] == methods[0].label}
+    conts = [r["tokens"] for r in plain]
+    for m in methods[1:]:
+        try:
+            got = predict(llm, [(m.label, m.k)], ids, conts, walls, cfg.max_tokens)
+        except SpecserveError as e:                       # a drafter that cannot be replayed: said so
+            doc.setdefault("not_predicted", {})[m.label] = str(e)
+            continue
+        for p in got:
+            row = next(c for c in doc["concurrency"] if c["method"] == m.label and c["concurrency"] == p.concurrency)
+            row["predicted_vs_plain"] = p.speedup
+            row["predicted_mean_accepted_length"] = p.mean_accepted_length
+    _checkpoint(doc, cfg.out)
 
 
 def _methods(cfg: BenchConfig) -> list[Method]:
@@ -170,14 +201,21 @@ def _roofline(target) -> dict:
     return r
 
 
-def _every_method(llm, methods: list[Method], prompts, ids: list[list[int]], cfg: BenchConfig) -> dict[str, list[dict]]:
-    """3. Every method at concurrency 1 (warm-up first: one short run of each).  Methods are
-    interleaved prompt by prompt, in an order rotated from one prompt to the next, so that a slow
-    spell of a shared machine falls on every method alike instead of on one of them.  Returns per
-    method its records, in prompt order."""
+def _fresh(llm, memory: dict) -> None:
+    """Drafters forget what they learnt across requests (the warm-up's text included)."""
+    memory["drafters"] = sorted(set(memory["drafters"]) | set(llm.reset_memory()))
+
+
+def _every_method(llm, methods: list[Method], prompts, ids: list[list[int]], cfg: BenchConfig,
+                  memory: dict) -> dict[str, list[dict]]:
+    """3. Every method at concurrency 1 (warm-up first: one short run of each; then drafters with
+    memory across requests start empty).  Methods are interleaved prompt by prompt, in an order
+    rotated from one prompt to the next, so that a slow spell of a shared machine falls on every
+    method alike instead of on one of them.  Returns per method its records, in prompt order."""
     greedy = SamplingParams()
     for m in methods:
         llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
+    _fresh(llm, memory)
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
     for i, (p, pid) in enumerate(zip(prompts, ids)):
         for m in (methods[j] for j in rotation(len(methods), i)):
@@ -225,18 +263,21 @@ def _write_files(doc: dict, cfg: BenchConfig) -> None:
     (outdir / "report.md").write_text(render_report(doc))
 
 
-def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int,
-                       max_tokens: int, sampling) -> dict[str, tuple[list[dict], float]]:
-    """Every method through an engine of ``level`` rows, closed loop.  The prompts are cut into
-    chunks of at least 2 x level, and the methods take turns chunk by chunk (in a rotated order), so
-    that a slow spell of a shared machine falls on every method alike.  Returns per method its
-    records and the wall seconds of its runs."""
+def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int, max_tokens: int, sampling,
+                       memory: dict, warm: bool) -> dict[str, tuple[list[dict], float]]:
+    """Every method through an engine of ``level`` rows, closed loop (drafters with memory across
+    requests start empty unless ``warm``).  The prompts are cut into chunks of at least 2 x level,
+    and the methods take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
+    machine falls on every method alike.  Returns per method its records and the wall seconds of
+    its runs."""
     greedy = SamplingParams()
     # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead); each engine
     # holds one method's drafter, and these engines run one after another
     engines = {m.label: llm.engine_with(level, [m.label]) for m in methods}
     for m in methods:              # warm-up
         engines[m.label].generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
+    if not warm:
+        _fresh(llm, memory)
     out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
     plan = turns(len(ids), level, len(methods))
     for c, (part, order) in enumerate(plan):

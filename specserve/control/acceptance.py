@@ -6,7 +6,8 @@ rates up to d; for a node with a drafter-supplied confidence, that confidence ti
 factor learnt from what was accepted.  ``AcceptanceModel`` keeps, per sequence and per drafter,
 exponentially decayed counts of acceptance at each depth and of predicted against accepted tokens
 for confidence-carrying drafts; a new sequence starts from its drafter's recent history (the
-prior), whose weight is bounded, so one kind of prompt cannot decide the next kind's draft alone.
+prior), whose weight is bounded and whose calibration is floored (``prior_floor``), so one kind of
+prompt cannot decide the next kind's draft alone.
 
 ``decayed`` is the one exponentially decayed average the controller uses everywhere.
 """
@@ -48,14 +49,16 @@ class AcceptanceModel:
     """Acceptance per sequence, with its drafter's recent history as the prior."""
 
     def __init__(self, prior_weight: float = 3.0, decay: float = 0.9, drafter_decay: float = 0.98,
-                 initial_rate: float = 0.5):
+                 initial_rate: float = 0.5, prior_floor: float = 0.2):
         self.prior_weight, self.decay, self.drafter_decay = prior_weight, decay, drafter_decay
+        self.prior_floor = prior_floor
         self.initial_rate = initial_rate
-        self.by_seq: dict[int, _Counts] = {}
+        self.by_seq: dict[tuple[str, int], _Counts] = {}     # (drafter, seq_id): a merging drafter's parts apart
         self.by_drafter: dict[str, _Counts] = {}
 
     def forget(self, seq_id: int) -> None:
-        self.by_seq.pop(seq_id, None)
+        for key in [k for k in self.by_seq if k[1] == seq_id]:
+            del self.by_seq[key]
 
     def _rate(self, drafter: str, seq_id: int, d: int) -> float:
         """P(accept depth d+1 | depths 1..d accepted): the sequence's counts, shrunk to the drafter's."""
@@ -67,7 +70,7 @@ class AcceptanceModel:
                 drafter, seq_id, d - 1)) / (p_trials + 1.0)
         else:
             prior_rate = (p_acc + self.initial_rate) / (p_trials + 1.0)
-        own = self.by_seq.get(seq_id, _Counts())
+        own = self.by_seq.get((drafter, seq_id), _Counts())
         o_trials = own.trials[d] if d < len(own.trials) else 0.0
         o_acc = own.accepted[d] if d < len(own.accepted) else 0.0
         return (o_acc + self.prior_weight * prior_rate) / (o_trials + self.prior_weight)
@@ -83,8 +86,10 @@ class AcceptanceModel:
     def calibration(self, drafter: str, seq_id: int) -> float:
         """Accepted tokens per unit of drafter confidence (1.0 until something was measured)."""
         prior = self.by_drafter.get(drafter, _Counts())
-        prior_cal = (prior.accepted_sum + 1.0) / (prior.predicted_sum + 1.0)
-        own = self.by_seq.get(seq_id, _Counts())
+        # the prior is floored: a drafter that failed on one kind of prompt starts the next request
+        # near enough to being kept that its own evidence can decide
+        prior_cal = max((prior.accepted_sum + 1.0) / (prior.predicted_sum + 1.0), self.prior_floor)
+        own = self.by_seq.get((drafter, seq_id), _Counts())
         return (own.accepted_sum + self.prior_weight * prior_cal) / (own.predicted_sum + self.prior_weight)
 
     def node_gains(self, drafter: str, seq_id: int, depths: list[int], confidence: list[float] | None) -> list[float]:
@@ -98,7 +103,7 @@ class AcceptanceModel:
     def observe(self, drafter: str, seq_id: int, reached: int, accepted: int, predicted: float | None) -> None:
         """A verified draft: ``reached`` = its depth, ``accepted`` tokens, ``predicted`` = the sum of
         its calibrated-before-use confidences (None for drafts without confidences)."""
-        for counts, decay in ((self.by_seq.setdefault(seq_id, _Counts()), self.decay),
+        for counts, decay in ((self.by_seq.setdefault((drafter, seq_id), _Counts()), self.decay),
                               (self.by_drafter.setdefault(drafter, _Counts()), self.drafter_decay)):
             if predicted is None:
                 counts.add_depths(reached, accepted, decay)

@@ -32,6 +32,7 @@ class Candidate:
     parents: list[int]            # per node (-1: child of the pending token)
     fixed: bool = False           # a request that asked for an exact draft length: keep every node
     probe: bool = False           # keep the best node even if it does not pay
+    forced_node: int = 0          # the node a probe keeps (a root: a child of the pending token)
     draft_s: float = 0.0          # what drafting costs this sequence per step (seconds), paid again
                                   # next step only if some of its nodes are kept now
 
@@ -41,7 +42,7 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
 
     Nodes enter best-first; a node's gain is first capped at its parent's, so that with ties broken
     by index a parent always enters before its children and every prefix of the order is a set of
-    trees.  Fixed drafts are kept whole; a probed sequence's first node is kept whatever it pays.
+    trees.  Fixed drafts are kept whole; a probed sequence's first node (or ``forced_node``) is kept whatever it pays.
     A sequence that keeps nodes is charged its drafter's cost (``draft_s``) on top of the pass, so
     a drafter whose drafting costs more than its tokens save is not kept.
     Returns ({seq_id: kept node indices}, predicted seconds of the chosen pass).
@@ -54,8 +55,8 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
         capped: list[float] = []
         for n, (g, p) in enumerate(zip(c.gains, c.parents)):
             capped.append(min(g, capped[p]) if p >= 0 else g)
-            if c.probe and n == 0:
-                forced.append((i, 0))
+            if c.probe and n == c.forced_node:
+                forced.append((i, n))
             else:
                 order.append((-capped[n], i, n))
     order.sort()

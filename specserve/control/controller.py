@@ -15,9 +15,21 @@ holds no drafter objects and no model.  One step, as the engine calls it:
 A request with a fixed draft size gets exactly that; ``auto`` requests get, for drafters whose nodes
 carry confidences, the drafter's largest draft (trimmed by ``keep``), and for the others the chain
 length that maximises the predicted rate beside the rest of the batch (``choice.rate``, the same
-rule ``keep`` applies).  A drafter whose drafting costs over ``COSTLY`` of a one-token pass is asked
-for about twice what was kept of its last draft (two nodes for a new sequence's first), and for
-nothing while its drafts are not kept, except to probe.
+rule ``keep`` applies).  A drafter whose drafting costs over ``COSTLY`` of a sequence's share of the
+step's pass (alone: a one-token pass; under load: the batch's pass over its sequences) is asked
+for about twice what was kept of its last draft (two nodes for a new sequence's first, unless its
+drafter's recent probes failed), and for nothing while its drafts are not kept, except to probe.
+
+A **merging** drafter (``auto``: its ``Traits.parts``) is seen part by part, each part under its own
+key ``drafter/part`` (``part_key``): its own node budget (the rule above), confidences calibrated per
+part and per sequence, drafting seconds and probes.  A merged node is worth its best part's gain.  A
+costly part keeps running for a sequence only while the tokens it adds to the kept nodes (their
+gain over what the other parts give them) are worth more than its drafting seconds at the step's
+rate; otherwise it drafts only to probe.
+
+What a new sequence inherits is bounded: its probe gap starts at its drafter's latest, at most
+``INHERITED_GAP``, and its calibration prior is floored (``AcceptanceModel``), so one kind of
+prompt never switches a drafter off for the next kind.
 """
 
 from __future__ import annotations
@@ -32,6 +44,13 @@ from specserve.control.threads import ThreadGovernor
 AUTO = "auto"           # a request's draft size when the controller chooses it each step
 COSTLY = 0.05           # drafting this share of a one-token pass is worth doing only when kept
 DRAFT_WEIGHT = 0.2      # of a new measurement in a drafter's decayed seconds per proposal
+INHERITED_GAP = 16      # the longest probe gap a new sequence starts with
+PROBE_SHARE = 0.02      # a probe waits until its drafting costs at most this share of the steps since the last
+
+
+def part_key(drafter: str, part: str) -> str:
+    """The key a merging drafter's part is known by (traits, seconds, acceptance, probes)."""
+    return f"{drafter}/{part}"
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,7 @@ class Traits:
     """What a drafter declares about itself (``specserve.drafters.base.Drafter``)."""
     max_auto_draft: int           # the largest draft (node budget) ``auto`` may choose
     confidence: bool              # proposals carry per-node confidences (then trimmed by ``keep``)
+    parts: tuple[str, ...] = ()   # a merging drafter's parts (each one's Traits under ``part_key``)
 
 
 @dataclass(frozen=True)
@@ -60,48 +80,80 @@ class StepPlan:
     """What ``plan`` decided for one step."""
     budgets: dict[int, int]                        # seq_id -> node budget to ask its drafter for
     probed: set[int] = field(default_factory=set)  # auto sequences whose best node is kept anyway
+    parts: dict[int, dict[str, int]] = field(default_factory=dict)     # a merging drafter's budget per part
+    part_probes: set[tuple[int, str]] = field(default_factory=set)     # (seq_id, part): that part's best
+                                                                         # node is kept anyway
 
 
 class Controller:
     def __init__(self, traits: dict[str, Traits], cost: CostModel, max_draft: int, thread_choices: tuple[int, ...]):
         self.traits, self.cost, self.max_draft = traits, cost, max_draft
         self.acceptance = AcceptanceModel()
-        self.probes: dict[int, ProbeState] = {}
+        self.probes: dict[tuple[int, str], ProbeState] = {}   # (seq_id, drafter or part key)
         self.drafter_gap: dict[str, int] = {}      # a new sequence's first probe gap: its drafter's latest
-        self.draft_s: dict[str, float] = {}        # decayed seconds per proposal, per drafter
-        self.kept: dict[int, int] = {}             # nodes kept of each auto sequence's last draft
+        self.draft_s: dict[str, float] = {}        # decayed seconds per proposal, per drafter (and part)
+        self.kept: dict[tuple[int, str], int] = {} # nodes kept of each auto sequence's last draft (per part:
+                                                   # its nodes, or 0 when what it added did not pay)
         self.governor = ThreadGovernor(thread_choices) if len(thread_choices) > 1 else None
+        self._share: float | None = None           # this step's pass seconds per sequence (``_unit``)
 
     # ------------------------------------------------------------------ 1. plan
     def plan(self, slots: list[Slot]) -> StepPlan:
         """The step's probes and node budgets."""
-        probed = {s.seq_id for s in slots if s.auto and self.probe(s).due()}
-        budgets = {s.seq_id: self._budget(s, slots, s.seq_id in probed) if s.depth else 0 for s in slots}
-        return StepPlan(budgets, probed)
+        self._share = (self.cost.predict([1] * len(slots), [s.context for s in slots]) / len(slots)) if slots else None
+        plan = StepPlan({}, {s.seq_id for s in slots if s.auto and self._due(s, s.drafter)})
+        for s in slots:
+            parts = self.traits[s.drafter].parts if s.auto else ()
+            if not s.depth:
+                plan.budgets[s.seq_id] = 0
+            elif parts:
+                per = {}
+                for part in parts:
+                    key = part_key(s.drafter, part)
+                    idle = self._costly(key, s) and self._kept(s, key) == 0
+                    due = idle and self._due(s, key)
+                    per[part] = self._budget(s, key, slots, due)
+                    if due and per[part]:
+                        plan.part_probes.add((s.seq_id, part))
+                plan.parts[s.seq_id] = per
+                plan.budgets[s.seq_id] = min(self.max_draft, sum(per.values()))
+            else:
+                plan.budgets[s.seq_id] = self._budget(s, s.drafter, slots, s.seq_id in plan.probed)
+        return plan
 
-    def _budget(self, s: Slot, batch: list[Slot], probe: bool) -> int:
+    def _budget(self, s: Slot, key: str, batch: list[Slot], probe: bool) -> int:
         if not s.auto:
             return int(s.num_draft)
-        traits = self.traits[s.drafter]
+        traits = self.traits[key]
         top = min(traits.max_auto_draft, self.max_draft)
         if traits.confidence or not top:
-            kept = self.kept.get(s.seq_id)
-            if top and kept is None and self._costly(s):
+            kept = self._kept(s, key)
+            costly = top and self._costly(key, s)
+            if costly and kept is None:
                 return min(top, 2)                        # a new sequence: a small first look
-            if top and kept == 0 and self._costly(s):
+            if costly and kept == 0:
                 return min(top, 2) if probe else 0        # not kept last time: small, and only to probe
-            if kept and self._costly(s):
+            if costly:
                 return min(top, 2 * kept + 2)             # near what was kept last
             return top
-        return max(self._best_chain(s, batch, min(top, s.depth)), 1 if probe else 0)
+        return max(self._best_chain(s, key, batch, min(top, s.depth)), 1 if probe else 0)
 
-    def _best_chain(self, s: Slot, batch: list[Slot], top: int) -> int:
+    def _kept(self, s: Slot, key: str) -> int | None:
+        """Nodes kept of the sequence's last draft by ``key`` (None: it has not drafted yet).  A new
+        sequence of a drafter whose recent probes failed (its probe gap grew) starts as unkept: it
+        drafts only when its first probe is due, instead of paying for a first look every request."""
+        kept = self.kept.get((s.seq_id, key))
+        if kept is None and self.drafter_gap.get(key, ProbeState.gap) > ProbeState.gap:
+            return 0
+        return kept
+
+    def _best_chain(self, s: Slot, key: str, batch: list[Slot], top: int) -> int:
         """The chain length that maximises the step's predicted rate, the rest of ``batch`` (every
         decoding sequence, ``s`` among them) feeding its pending token only."""
-        gains = self.acceptance.chain_gains(s.drafter, s.seq_id, top)
+        gains = self.acceptance.chain_gains(key, s.seq_id, top)
         contexts = [o.context for o in batch]
         mine = next(i for i, o in enumerate(batch) if o.seq_id == s.seq_id)
-        drafting = self.draft_s.get(s.drafter, 0.0)
+        drafting = self.draft_s.get(key, 0.0)
 
         def step_rate(n: int) -> float:
             lengths = [1 + (n if i == mine else 0) for i in range(len(batch))]
@@ -109,20 +161,38 @@ class Controller:
         rates = [step_rate(n) for n in range(len(gains) + 1)]
         return max(range(len(rates)), key=lambda n: (rates[n], -n))
 
-    def probe(self, s: Slot) -> ProbeState:
-        """A new sequence waits as long as its drafter's last probe did, so a drafter that keeps
-        failing is not probed afresh by every new request."""
-        state = self.probes.get(s.seq_id)
+    def probe(self, s: Slot, key: str | None = None) -> ProbeState:
+        """A sequence's probe state for its drafter (or one of its parts, ``key``).  A new sequence
+        waits as long as its drafter's last probe did, up to ``INHERITED_GAP``, so a drafter that
+        keeps failing is not probed afresh by every new request, nor switched off for the next kind."""
+        key = key or s.drafter
+        state = self.probes.get((s.seq_id, key))
         if state is None:
-            state = self.probes[s.seq_id] = ProbeState(gap=self.drafter_gap.get(s.drafter, ProbeState.gap))
+            gap = min(self.drafter_gap.get(key, ProbeState.gap), INHERITED_GAP)
+            state = self.probes[(s.seq_id, key)] = ProbeState(gap=gap)
         return state
 
-    def _costly(self, s: Slot) -> bool:
-        return self.draft_s.get(s.drafter, 0.0) > COSTLY * self.cost.predict([1], [s.context])
+    def _due(self, s: Slot, key: str) -> bool:
+        """A probe is due: its gap has passed, and enough steps for its drafting to cost at most
+        ``PROBE_SHARE`` of them (a learned head's probe costs a good part of a pass)."""
+        state = self.probe(s, key)
+        floor = self.draft_s.get(key, 0.0) / (PROBE_SHARE * self._unit(s))
+        return state.due() and state.idle >= floor
+
+    def _unit(self, s: Slot) -> float:
+        """What one sequence's row of this step's pass costs: the predicted seconds of a pass of the
+        batch's pending tokens, shared out per sequence (alone: a one-token pass).  Drafting is
+        costly, and probes are spaced, against that: under load a row's share shrinks."""
+        if self._share is None:
+            self._share = self.cost.predict([1], [s.context])
+        return self._share
+
+    def _costly(self, key: str, s: Slot) -> bool:
+        return self.draft_s.get(key, 0.0) > COSTLY * self._unit(s)
 
     # ------------------------------------------------------------------ 2. drafting's cost
     def observe_draft(self, drafter: str, seconds: float, proposals: int) -> None:
-        """A drafter's ``propose`` call took ``seconds`` for ``proposals`` non-empty requests."""
+        """A drafter's (or part's) ``propose`` call took ``seconds`` for ``proposals`` non-empty requests."""
         if proposals:
             self.draft_s[drafter] = decayed(self.draft_s.get(drafter), seconds / proposals, DRAFT_WEIGHT)
 
@@ -132,21 +202,68 @@ class Controller:
         rate rule keeps; the predicted pass seconds (None when no sequence is auto)."""
         if not any(s.auto for s in slots):
             return None
-        cands = []
+        cands, merged = [], {}
         for s in slots:
             prop = proposals[s.seq_id]
+            if s.auto and self._merged(s, prop):
+                merged[s.seq_id] = by_part = self._part_gains(s, prop)
+                gains = [max((g[n] for g in by_part.values()), default=0.0) for n in range(len(prop))]
+                probed = [p for p in by_part if (s.seq_id, p) in plan.part_probes]
+                forced = next((n for n, (o, q) in enumerate(zip(prop.origins or [], prop.parent_list()))
+                               if q < 0 and any(p in o for p in probed)), None)
+                cheap = sum(self.draft_s.get(part_key(s.drafter, p), 0.0)
+                            for p, k in plan.parts.get(s.seq_id, {}).items()
+                            if k and not self._costly(part_key(s.drafter, p), s))
+                cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(),
+                                       probe=s.seq_id in plan.probed or forced is not None,
+                                       forced_node=forced or 0, draft_s=cheap))
+                continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
             cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(), fixed=not s.auto,
                                    probe=s.seq_id in plan.probed, draft_s=self.draft_s.get(s.drafter, 0.0)))
         keep, predicted = choose(cands, self.cost)
+        step_rate = rate(len(cands) + sum(sum(c.gains[n] for n in keep[c.seq_id]) for c in cands), predicted,
+                         sum(c.draft_s for c in cands if keep[c.seq_id]))
         for s in slots:
-            if s.auto:
-                if len(proposals[s.seq_id]):
-                    self.kept[s.seq_id] = len(keep[s.seq_id])
-                proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
+            if not s.auto:
+                continue
+            if len(proposals[s.seq_id]):
+                self.kept[(s.seq_id, s.drafter)] = len(keep[s.seq_id])
+            if s.seq_id in merged:
+                self._part_kept(s, merged[s.seq_id], keep[s.seq_id], plan, step_rate)
+            proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
         return predicted
+
+    def _merged(self, s: Slot, prop) -> bool:
+        """A merging drafter's proposal whose nodes may be priced part by part (drawn nodes: by depth)."""
+        if not self.traits[s.drafter].parts:
+            return False
+        return not len(prop) or (prop.origins is not None and prop.trim_confidence() is not None)
+
+    def _part_gains(self, s: Slot, prop) -> dict[str, list[float]]:
+        """Per part, each node's gain from that part's calibrated confidence (0 where it did not propose it)."""
+        out = {}
+        for part in self.traits[s.drafter].parts:
+            cal = self.acceptance.calibration(part_key(s.drafter, part), s.seq_id)
+            out[part] = [min(max(o[part] * cal, 0.0), 1.0) if part in o else 0.0 for o in prop.origins or []]
+        return out
+
+    def _part_kept(self, s: Slot, gains: dict[str, list[float]], kept: list[int], plan: StepPlan,
+                   step_rate: float) -> None:
+        """What each part keeps of this draft, for its next budget: its kept nodes, or for a costly part
+        0 when the tokens it adds over the other parts are worth less than its drafting seconds."""
+        for part, mine in gains.items():
+            key = part_key(s.drafter, part)
+            if not plan.parts.get(s.seq_id, {}).get(part):
+                continue
+            nodes = sum(1 for n in kept if mine[n] > 0)
+            if self._costly(key, s):
+                others = [max((g[n] for p, g in gains.items() if p != part), default=0.0) for n in range(len(mine))]
+                added = sum(max(0.0, mine[n] - others[n]) for n in kept)
+                nodes = nodes if added > self.draft_s.get(key, 0.0) * step_rate else 0
+            self.kept[(s.seq_id, key)] = nodes
 
     # ------------------------------------------------------------------ 4. the pass
     def threads(self) -> int:
@@ -160,19 +277,41 @@ class Controller:
         self.cost.observe(lengths, contexts, seconds)
 
     # ------------------------------------------------------------------ 5. learning
-    def learn(self, s: Slot, tokens: int, depth: int, accepted: int, confidence: float | None, plan: StepPlan) -> None:
-        """A verified draft of ``tokens`` nodes reaching ``depth``, of which ``accepted`` were
-        accepted; ``confidence``: the sum of its nodes' confidences (None: it carried none)."""
-        if tokens:
-            self.acceptance.observe(s.drafter, s.seq_id, depth, accepted, confidence)
+    def learn(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
+        """A verified draft ``prop`` (what the pass ran) of which the nodes ``path`` were accepted."""
+        conf = prop.trim_confidence()
+        if s.auto and self._merged(s, prop):
+            self._learn_parts(s, prop, path, plan)
+        elif len(prop):
+            self.acceptance.observe(s.drafter, s.seq_id, prop.depth, len(path), None if conf is None else sum(conf))
         if s.auto:
             state = self.probe(s)
             probed = s.seq_id in plan.probed
-            state.update(tokens, accepted, probed)
+            state.update(len(prop), len(path), probed)
             if probed:
                 self.drafter_gap[s.drafter] = state.gap
 
+    def _learn_parts(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
+        """Each part's calibration: its confidences over the verified nodes it proposed, against its
+        nodes on the accepted path; and its probe state."""
+        for part in self.traits[s.drafter].parts:
+            key = part_key(s.drafter, part)
+            nodes = [n for n, o in enumerate(prop.origins or []) if part in o]
+            won = sum(1 for n in path if part in prop.origins[n])
+            if nodes:
+                self.acceptance.observe(key, s.seq_id, 0, won, sum(prop.origins[n][part] for n in nodes))
+            paid = self.kept.get((s.seq_id, key), 0) if nodes else 0
+            probed = (s.seq_id, part) in plan.part_probes
+            state = self.probe(s, key)
+            if probed:                          # a probe was made (idle ends); it succeeded if it paid
+                state.update(max(len(nodes), 1), paid, True)
+            else:
+                state.update(paid, paid, False)
+            if probed:
+                self.drafter_gap[key] = state.gap
+
     def forget(self, seq_id: int) -> None:
         self.acceptance.forget(seq_id)
-        self.probes.pop(seq_id, None)
-        self.kept.pop(seq_id, None)
+        for table in (self.probes, self.kept):
+            for k in [k for k in table if k[0] == seq_id]:
+                del table[k]

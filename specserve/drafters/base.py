@@ -88,6 +88,8 @@ class DraftRequest:
     k: int                     # node budget: propose at most this many nodes
     sampling: SamplingParams
     max_depth: int = 1 << 30   # no node deeper than this (the engine: tokens left to generate - 1)
+    parts: dict[str, int] | None = None   # a merging drafter (``parts()``): each part's node budget,
+                                          # chosen by the controller; None: every part gets ``k``
 
 
 @dataclass
@@ -100,6 +102,10 @@ class DraftProposal:
                                              # the node (lookahead's window: the n-grams its outputs add to the
                                              # pool); the controller adds it to the node's gain, never to the
                                              # confidence it calibrates against what was accepted
+    origins: list[dict[str, float]] | None = None
+    # ^ a merging drafter's proposal (``Drafter.parts``): per node, the parts that proposed it, each
+    #   with its own confidence for the node (uncalibrated); the controller calibrates each part's
+    #   confidences separately and prices a node by its best part
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -157,7 +163,8 @@ class DraftProposal:
                              self.probs[keep] if self.probs is not None and keep else None,
                              None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
                              [self.confidence[i] for i in keep] if self.confidence is not None else None,
-                             [self.future_gain[i] for i in keep] if self.future_gain is not None else None)
+                             [self.future_gain[i] for i in keep] if self.future_gain is not None else None,
+                             [self.origins[i] for i in keep] if self.origins is not None else None)
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
@@ -178,6 +185,8 @@ class DraftProposal:
             raise ValueError("confidence needs one value per node")
         if self.future_gain is not None and len(self.future_gain) != n:
             raise ValueError("future_gain needs one value per node")
+        if self.origins is not None and len(self.origins) != n:
+            raise ValueError("origins needs one entry per node")
 
 
 @dataclass
@@ -238,6 +247,20 @@ class Drafter(ABC):
     def describe(self) -> dict:
         """What a report should say about this drafter beyond its spec (a learned head: where it came from)."""
         return {}
+
+    def parts(self) -> dict[str, "Drafter"]:
+        """A merging drafter's parts by name (``auto``): the controller gives each its own node budget
+        (``DraftRequest.parts``), calibration, cost and probes.  Others: none."""
+        return {}
+
+    def part_seconds(self) -> dict[str, tuple[float, int]]:
+        """A merging drafter: each part's seconds in the last ``propose`` and the requests it drafted for."""
+        return {}
+
+    def reset_memory(self) -> bool:
+        """Forget what was learnt across requests (a corpus of earlier texts, drafter-wide rates), as a
+        fresh server would start; True when there was such memory.  Per-sequence state is untouched."""
+        return False
 
 
 def draw_generator(sampling: SamplingParams, generator: torch.Generator | None) -> torch.Generator | None:

@@ -157,13 +157,21 @@ class SuffixOptions(TrieOptions):
     per_key: int = option(256, "most recent corpus positions kept per 3-token key")
     warm: str = option("", "a JSONL file of earlier text to start from: lines with 'text', 'prompt' and "
                            "'output', or 'tokens' (token ids)")
+    own: int = option(1, "also match the current text itself (0: the corpus alone, for use beside ngram-tree)",
+                      check=lambda v: v in (0, 1) or _refuse_own(v))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.per_key < 1 or self.max_tokens < 2:
             raise SpecserveError("suffix needs per_key >= 1 and max_tokens >= 2")
+        if self.own not in (0, 1):
+            _refuse_own(self.own)
         if self.size_factor <= 0:
             raise SpecserveError(f"suffix needs size_factor > 0, got {self.size_factor}")
+
+
+def _refuse_own(value) -> None:
+    raise SpecserveError(f"suffix option own takes 0 or 1, got {value}")
 
 
 @register("suffix")
@@ -175,16 +183,23 @@ class SuffixDrafter(Drafter):
     Options = SuffixOptions
 
     def __init__(self, target: Any = None, **options: Any):
-        self.opts = o = self.Options(**options)
-        self.index = SuffixIndex(o.max_tokens, o.per_key)
+        self.opts = self.Options(**options)
+        self.target = target
         self.live: dict[int, list[int]] = {}
+        self.calib: dict[int, dict[str, Rate]] = {}
+        self.last: dict[int, str] = {}
+        self.reset_memory()
+
+    def reset_memory(self) -> bool:
+        """An empty corpus (then the ``warm`` file, if one is named) and no history: a fresh server's."""
+        o = self.opts
+        self.index = SuffixIndex(o.max_tokens, o.per_key)
         # accepted tokens per unit of trie estimate, per source: the drafter's recent history (the prior
         # of a new sequence) and each sequence's own; what the last proposal of a sequence came from
         self.history = {"own": Rate(1.0, weight=4.0, decay=0.99), "corpus": Rate(1.0, weight=4.0, decay=0.99)}
-        self.calib: dict[int, dict[str, Rate]] = {}
-        self.last: dict[int, str] = {}
         if o.warm:
-            self.warm(o.warm, target)
+            self.warm(o.warm, self.target)
+        return True
 
     # ------------------------------------------------------------------ the corpus
     def warm(self, path: str, target: Any) -> int:
@@ -253,7 +268,7 @@ class SuffixDrafter(Drafter):
         if k <= 0 or depth <= 0 or len(tokens) == 0:
             return DraftProposal([])
         o = self.opts
-        mine = own_matches(tokens[-4096:], o.min_n, o.max_n, depth)
+        mine = own_matches(tokens[-4096:], o.min_n, o.max_n, depth) if o.own else []
         corpus = [(c, m) for c, m, _ in self.index.matches(tokens, o.min_n, o.max_n, depth)]
         calib = self.calib.get(seq_id, self.history)
         best, best_src, best_sum = DraftProposal([]), "own", 0.0

@@ -126,11 +126,12 @@ class Trie:
     def scores(self, base: float, growth: float) -> list[float]:
         """Every node's score (module docstring), node 0's being 1."""
         score = [1.0] + [0.0] * (len(self.mass) - 1)
-        for node in range(1, len(self.mass)):                      # parents are created first
+        mass, miss = self.mass, 1.0 - base
+        leaving = [sum(mass[c] for c in kids.values()) for kids in self.children]
+        for node in range(1, len(mass)):                           # parents are created first
             p = self.parent[node]
-            share = self.mass[node] / sum(self.mass[c] for c in self.children[p].values())
             m = self.longest[node] + self.depth[node] - 1
-            score[node] = score[p] * share * float(reliability(m, base, growth))
+            score[node] = score[p] * (mass[node] / leaving[p]) * (1.0 - miss * growth ** (m - 1))   # reliability(m)
         return score
 
 

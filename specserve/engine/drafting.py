@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 
-from specserve.control import Controller, Slot, StepPlan
+from specserve.control import Controller, Slot, StepPlan, Traits
+from specserve.control.controller import part_key
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
 from specserve.engine.faults import PLAIN, Faults, quietly_end
 from specserve.engine.types import Request, Sequence, StepTimes
@@ -41,14 +42,18 @@ class Drafting:
         groups: dict[int, list[tuple[Sequence, DraftRequest]]] = {}
         for s, slot in zip(decoding, slots):
             if s.drafter is not PLAIN:
-                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth)
+                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth,
+                                 plan.parts.get(s.seq_id))
                 groups.setdefault(id(s.drafter), []).append((s, r))
         for pairs in groups.values():
             t0 = time.perf_counter()
             props = draft(pairs[0][0].drafter, [r for _, r in pairs])
             took = time.perf_counter() - t0
             times.draft_s += took
-            self.controller.observe_draft(pairs[0][0].request.drafter, took, sum(1 for _, r in pairs if r.k > 0))
+            label = pairs[0][0].request.drafter
+            self.controller.observe_draft(label, took, sum(1 for _, r in pairs if r.k > 0))
+            for part, (seconds, n) in pairs[0][0].drafter.part_seconds().items():    # a merging drafter's parts
+                self.controller.observe_draft(part_key(label, part), seconds, n)
             for (s, r), prop in zip(pairs, props):
                 try:
                     if isinstance(prop, Exception):
@@ -87,3 +92,13 @@ def draft(drafter: Drafter, reqs: list[DraftRequest]) -> list[DraftProposal | Ex
         return list(props)
     except Exception as e:  # noqa: BLE001 - attributed below, one sequence at a time
         return [e] if len(reqs) == 1 else [draft(drafter, [r])[0] for r in reqs]
+
+
+def traits_of(drafters: dict[str, Drafter]) -> dict[str, Traits]:
+    """What the controller knows of each drafter (and of a merging drafter's parts, under ``part_key``)."""
+    traits = {}
+    for name, d in drafters.items():
+        parts = d.parts()
+        traits[name] = Traits(d.max_auto_draft, d.confidence, tuple(parts))
+        traits |= {part_key(name, p): Traits(x.max_auto_draft, x.confidence) for p, x in parts.items()}
+    return traits

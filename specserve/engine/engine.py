@@ -24,11 +24,10 @@ import time
 
 import torch
 
-from specserve.control import (AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, Traits, cost_model,
-                               plan_chunks)
+from specserve.control import AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, cost_model, plan_chunks
 from specserve.control.measure import identity
 from specserve.drafters.base import DraftProposal, Drafter, Feedback
-from specserve.engine.drafting import Drafting
+from specserve.engine.drafting import Drafting, traits_of
 from specserve.engine.faults import PLAIN, PassFailed
 from specserve.engine.layout import Chunk, Entry, PassLayout
 from specserve.engine.prefix import Prefixes
@@ -66,8 +65,7 @@ class Engine:
         self.prompt_tokens_max = min(chunk, self.model.invariant_tokens or chunk) if chunk is not None else self.max_len
         top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
         cost = cost_model(self.model, min(max_batch * (top + 1), 128), identity(target.path, target.options, self.model))
-        traits = {name: Traits(d.max_auto_draft, d.confidence) for name, d in self.drafters.items()}
-        self.controller = Controller(traits, cost, MAX_DRAFT, self.model.thread_choices())
+        self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices())
         self._threads_set = 0
         self.drafting = Drafting(self.controller, target.config.vocab_size)    # every call to a drafter
         self._running: list[Sequence] = []
@@ -348,9 +346,7 @@ class Engine:
         for slot, o in zip(slots, outcomes):
             if slot.seq_id in plain:
                 continue
-            prop = proposals[slot.seq_id]
-            conf = prop.trim_confidence()
-            self.controller.learn(slot, len(prop), prop.depth, len(o.path), None if conf is None else sum(conf), plan)
+            self.controller.learn(slot, proposals[slot.seq_id], o.path, plan)
 
     def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
                      layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:

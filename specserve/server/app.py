@@ -26,14 +26,15 @@ from specserve.server.routes import Service, add_routes
 from specserve.server.shutdown import install_drain
 
 
-def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_waiting: int = 64,
+def create_app(llm: LLM, model_name: str, default_drafter: str | None = None, max_waiting: int = 64,
                request_timeout_s: float = 600.0, max_body_bytes: int = 4 * 2**20,
                default_max_tokens: int | None = None, api_keys: tuple[str, ...] = (), metrics_public: bool = False,
                limits: TokenLimits = TokenLimits()) -> FastAPI:
     """The app around ``llm``'s engine; its scheduler thread runs for the app's lifespan (the
     engine calibrated its cost model when it was built).  ``api_keys``: required as bearer tokens
     on ``/v1`` (and ``/metrics`` unless ``metrics_public``); none: no authentication.
-    ``default_max_tokens``: for a request that names none (default: 256, within ``limits``)."""
+    ``default_max_tokens``: for a request that names none (default: 256, within ``limits``);
+    ``default_drafter``: for a request that names none (default: ``llm.default_drafter``)."""
     cap = limits.max_tokens_limit
     if default_max_tokens is None:
         default_max_tokens = min(256, cap or 256)
@@ -61,6 +62,6 @@ def create_app(llm: LLM, model_name: str, default_drafter: str = "none", max_wai
     app.state.drain = install_drain(app, scheduler)     # outside auth: a draining server answers 503 to all
     install_error_handlers(app)
     app.add_middleware(RequestLog)                     # outermost of all: every response has its id
-    add_routes(app, Service(llm, scheduler, metrics, model_name, default_drafter, request_timeout_s,
+    add_routes(app, Service(llm, scheduler, metrics, model_name, default_drafter or llm.default_drafter, request_timeout_s,
                             default_max_tokens, limits))
     return app
