@@ -51,12 +51,12 @@ def test_a_path_drafted_by_two_parts_appears_once_with_both_confidences():
     a = DraftProposal([5, 6, 7], None, [-1, 0, -1], [0.9, 0.5, 0.2])          # 5 -> 6, and 7
     b = DraftProposal([5, 8], None, [-1, 0], [0.6, 0.4])                      # 5 -> 8
     m = merge({"a": a, "b": b}, 32)
-    paths = {tuple(p): o for p, o in zip(_paths(m), m.origins)}
+    paths = {tuple(p): o for p, o in zip(m.paths(), m.origins)}
     assert set(paths) == {(5,), (5, 6), (5, 8), (7,)} and m.probs is None
     assert paths[(5,)] == {"a": 0.9, "b": 0.6} and paths[(5, 8)] == {"b": 0.4} and paths[(7,)] == {"a": 0.2}
     assert m.tokens[:2] == [5, 6] and m.parents[1] == 0                      # the best path first, as a chain
     small = merge({"a": a, "b": b}, 2)                                      # the two best nodes: 5, then 6
-    assert _paths(small) == [(5,), (5, 6)]
+    assert small.paths() == [(5,), (5, 6)]
 
 
 def test_drawn_nodes_keep_their_q_and_are_never_merged():
@@ -73,20 +73,13 @@ def test_drawn_nodes_keep_their_q_and_are_never_merged():
     m.check(10)
 
 
-def _paths(prop):
-    out = []
-    for t, p in zip(prop.tokens, prop.parent_list()):
-        out.append((out[p] if p >= 0 else ()) + (t,))
-    return out
-
-
 def test_each_part_gets_its_own_verified_draft_and_accepted_nodes(target):
     a, b = Fixed([5, 6], [-1, 0], [0.9, 0.8]), Fixed([5, 7, 9], [-1, 0, -1], [0.6, 0.3, 0.2])
     auto = create("auto", target, parts={"a": a, "b": b})
     auto.begin(0, [1, 2], SamplingParams(), 10)
     m = auto.propose([DraftRequest(0, [1, 2], 8, SamplingParams())])[0]
-    kept = m.subset([i for i, p in enumerate(_paths(m)) if p != (9,)])          # the controller drops 9
-    path = [i for i, p in enumerate(_paths(kept)) if p in {(5,), (5, 7)}]     # 5 then 7 accepted
+    kept = m.subset([i for i, p in enumerate(m.paths()) if p != (9,)])          # the controller drops 9
+    path = [i for i, p in enumerate(kept.paths()) if p in {(5,), (5, 7)}]     # 5 then 7 accepted
     auto.feedback(Feedback(0, kept, path, [5, 7, 11], {}, None))
     fa, fb = a.got[-1], b.got[-1]
     assert fa.proposal.tokens == [5, 6] and fa.accepted == [0] and fa.emitted == [5, 7, 11]

@@ -193,8 +193,7 @@ def test_layerskip_option_errors():
 # ---------------------------------------------------------------------------------------- lookahead
 def window_nodes(prop, sources_of):
     """{(path): parent path} of a proposal's nodes, for comparing trees by token paths."""
-    from specserve.drafters.lookahead import node_paths
-    paths = node_paths(prop.tokens, prop.parent_list())
+    paths = prop.paths()
     return {p: (paths[q] if q >= 0 else ()) for p, q in zip(paths, prop.parent_list())}
 
 
@@ -224,8 +223,7 @@ def test_lookahead_jacobi_step_fills_the_pool_and_slides_the_window():
     st.levels = [[10, 11, 12], [20, 21, 22]]
     prop = d.propose([DraftRequest(0, [5, 6, 7, 9], 32, greedy, 50)])[0]
     # the target's argmax after each row: the pending token, then every node (made up; -1 unused here)
-    from specserve.drafters.lookahead import node_paths
-    paths = node_paths(prop.tokens, prop.parent_list())
+    paths = prop.paths()
     after = {(10, 20): 30, (10, 11, 21): 31, (10, 11, 12, 22): 32}
     predicted = [40] + [after.get(p, 41) for p in paths]
     d.feedback(Feedback(0, prop, [], [40], {}, predicted))

@@ -144,19 +144,38 @@ class Prediction:
     seconds: float
 
 
+def pass_share(results) -> float | None:
+    """Of the engine's time in plain decoding's steps (the ``RequestStats`` of its requests), the
+    share spent in target passes; the rest is the per-step overhead (None: no stats)."""
+    stats = [r.stats if hasattr(r, "stats") else r for r in results]
+    get = (lambda x, k: x[k]) if stats and isinstance(stats[0], dict) else getattr
+    passes = sum(get(x, "pass_s") for x in stats)
+    engine = passes + sum(get(x, k) for x in stats for k in ("draft_s", "size_s", "verify_s", "commit_s"))
+    return passes / engine if engine > 0 else None
+
+
 def predict(llm, methods: list[tuple[str, object]], prompts: list[list[int]], continuations: list[list[int]],
-            plain_wall: dict[int, float], max_tokens: int, costs: dict[int, CostModel] | None = None) -> list[Prediction]:
+            plain_wall: dict[int, float], max_tokens: int, costs: dict[int, CostModel] | None = None,
+            shares: dict[int, float | None] | None = None) -> list[Prediction]:
     """Every method's predicted speed-up at every level of ``plain_wall`` (level -> plain decoding's
-    measured wall seconds over the sample; ``costs``: level -> the cost model as that run left it).
-    Plain decoding's replay is calibrated to its wall: the cost model's passes scaled when they
-    alone exceed it, the rest spread over the steps as overhead."""
+    measured wall seconds over the sample; ``costs``: level -> the cost model as that run left it;
+    ``shares``: level -> plain decoding's ``pass_share``).  Plain decoding's replay is calibrated to
+    its wall: its passes take their measured share of it (the cost model's passes scaled to that),
+    the rest is spread over its steps as overhead; without a share, the passes are scaled only when
+    they alone exceed the wall."""
     layers = tuple(sorted({x for label, _ in methods for x in llm._drafters[label].feature_layers}))
     feats = teacher_features(llm, prompts, continuations, layers)
     out = []
     for level, wall in sorted(plain_wall.items()):
         cost = (costs or {}).get(level)
         base = replay_level(llm, "none", 0, prompts, continuations, feats, level, max_tokens, cost)
-        scale = min(1.0, 0.95 * wall / base.pass_s) if base.pass_s else 1.0
+        share = (shares or {}).get(level)
+        if not base.pass_s:
+            scale = 1.0
+        elif share is not None:
+            scale = share * wall / base.pass_s
+        else:
+            scale = min(1.0, 0.95 * wall / base.pass_s)
         overhead = (wall - scale * base.pass_s - base.draft_s) / max(base.steps, 1)
         for label, k in methods:
             r = base if label == "none" else replay_level(llm, label, k, prompts, continuations, feats, level,
@@ -218,7 +237,8 @@ def run_advise(model: str, options, prompts_file: str | None, per_group: int, me
     walls = {level: wall for level, (wall, _, _) in plain.items()}
     conts = [r.tokens for r in plain[levels[0]][1]]
     methods = [("none", 0)] + [(s.label, s.k) for s in specs if s.label != "none"]
-    preds = predict(llm, methods, ids, conts, walls, max_tokens, {lv: c for lv, (_, _, c) in plain.items()})
+    preds = predict(llm, methods, ids, conts, walls, max_tokens, {lv: c for lv, (_, _, c) in plain.items()},
+                    {lv: pass_share(res) for lv, (_, res, _) in plain.items()})
     doc = {"prompts": len(ids), "max_tokens": max_tokens, "skipped": skipped, "plain_wall_s": walls,
            "predictions": [vars(p) for p in preds]}
     if check:                          # plain decoding again beside the methods, at each level

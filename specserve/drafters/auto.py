@@ -162,14 +162,14 @@ class AutoDrafter(Drafter):
         out = []
         for i, r in enumerate(requests):
             mine = {name: got[i] for name, got in by_part.items() if got[i] is not None and len(got[i])}
-            self.last[r.seq_id] = {name: (p, node_paths(p)) for name, p in mine.items()}
+            self.last[r.seq_id] = {name: (p, p.paths()) for name, p in mine.items()}
             out.append(merge(mine, r.k))
         return out
 
     # ------------------------------------------------------------------ feedback, per part
     def feedback(self, fb: Feedback) -> None:
         drafted = self.last.pop(fb.seq_id, {})
-        paths = node_paths(fb.proposal) if drafted else []
+        paths = fb.proposal.paths() if drafted else []
         row = {path: i for i, path in enumerate(paths)}               # a verified path -> its node
         won = {paths[i] for i in fb.accepted}
         for name, part in self._parts.items():
@@ -189,14 +189,6 @@ class AutoDrafter(Drafter):
 
 def _budget(r: DraftRequest, part: str) -> int:
     return r.k if r.parts is None else r.parts.get(part, 0)
-
-
-def node_paths(prop: DraftProposal) -> list[tuple[int, ...]]:
-    """Each node's token path below the pending token."""
-    out: list[tuple[int, ...]] = []
-    for t, p in zip(prop.tokens, prop.parent_list()):
-        out.append((out[p] if p >= 0 else ()) + (t,))
-    return out
 
 
 def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:

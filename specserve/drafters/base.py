@@ -133,6 +133,13 @@ class DraftProposal:
             out.append(1 if p < 0 else out[p] + 1)
         return out
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each node's token path below the pending token (a node's identity across proposals)."""
+        out: list[tuple[int, ...]] = []
+        for t, p in zip(self.tokens, self.parent_list()):
+            out.append((out[p] if p >= 0 else ()) + (t,))
+        return out
+
     @property
     def depth(self) -> int:
         """The deepest node's depth (0 for an empty proposal; a chain of k tokens: k)."""

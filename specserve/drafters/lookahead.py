@@ -75,14 +75,6 @@ class _Tree:
         return node
 
 
-def node_paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
-    """Each node's token path below the pending token (parents before children)."""
-    out: list[tuple[int, ...]] = []
-    for t, p in zip(tokens, parents):
-        out.append((out[p] if p >= 0 else ()) + (t,))
-    return out
-
-
 @dataclass
 class _State:
     levels: list[list[int]]                                   # the window, oldest level first
@@ -183,7 +175,7 @@ class LookaheadDrafter(Drafter):
                     at[(level, j)] = tree.add(parent, t, conf, WINDOW, value)
         n = min(r.k, len(tree.tokens))                        # own, then pool, then window (topological)
         prop = DraftProposal(tree.tokens, None, tree.parents, tree.conf, tree.future).subset(list(range(n)))
-        paths = node_paths(prop.tokens, prop.parent_list())
+        paths = prop.paths()
         st.sources = {path: tree.source[i] for i, path in enumerate(paths)}
         st.window = {key: paths[node] for key, node in at.items() if node < n}
         return prop
@@ -194,7 +186,7 @@ class LookaheadDrafter(Drafter):
         prop = fb.proposal
         if st is None or not len(prop) or fb.predicted is None:
             return
-        paths = node_paths(prop.tokens, prop.parent_list())
+        paths = prop.paths()
         row = {path: i + 1 for i, path in enumerate(paths)}  # the node's row in ``predicted``
         self._measure(st, prop, paths, fb)
         self._jacobi_step(st, row, fb.predicted)
