@@ -90,7 +90,8 @@ def test_parts_are_checked_before_anything_is_loaded():
     assert DrafterSpec.parse("auto:parts=ngram-tree+suffix/own=0").options["parts"] == "ngram-tree+suffix/own=0"
     for bad, why in [("auto:parts=ngram-tree+none", "confidences"), ("auto:parts=oracle", "confidences"),
                      ("auto:parts=suffix/own=2", "own"), ("auto:parts=suffix/own", "option=value"),
-                     ("auto:parts=ngram+ngram", "twice"), ("auto:parts=nope", "unknown drafter")]:
+                     ("auto:parts=ngram+ngram", "twice"), ("auto:parts=nope", "unknown drafter"),
+                     ("auto:parts=ngram-tree+auto", "cannot merge 'auto'")]:
         with pytest.raises(SpecserveError, match=why):
             DrafterSpec.parse(bad)
 

@@ -60,7 +60,8 @@ def parse_parts(text: str) -> list[tuple[str, dict[str, Any]]]:
     for item in items:
         name, *pairs = item.split("/")
         cls = drafter_class(name)
-        if name == "auto" or cls.synthetic or not cls.confidence or not cls.max_auto_draft:
+        merging = cls.parts is not Drafter.parts               # a merging drafter is no part
+        if merging or cls.synthetic or not cls.confidence or not cls.max_auto_draft:
             raise SpecserveError(f"auto cannot merge {name!r}: a part must be a real drafter whose nodes carry "
                                  "confidences (ngram, ngram-tree, suffix, lookahead, eagle, medusa)")
         opts = {}
