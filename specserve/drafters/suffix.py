@@ -144,6 +144,11 @@ class SuffixIndex:
         return out
 
 
+def _check_own(value) -> None:
+    if value not in (0, 1):
+        raise SpecserveError(f"suffix option own takes 0 or 1, got {value}")
+
+
 @dataclass(frozen=True)
 class SuffixOptions(TrieOptions):
     """The trie drafters' options (some defaults of its own) and the corpus's."""
@@ -158,20 +163,15 @@ class SuffixOptions(TrieOptions):
     warm: str = option("", "a JSONL file of earlier text to start from: lines with 'text', 'prompt' and "
                            "'output', or 'tokens' (token ids)")
     own: int = option(1, "also match the current text itself (0: the corpus alone, for use beside ngram-tree)",
-                      check=lambda v: v in (0, 1) or _refuse_own(v))
+                      check=_check_own)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.per_key < 1 or self.max_tokens < 2:
             raise SpecserveError("suffix needs per_key >= 1 and max_tokens >= 2")
-        if self.own not in (0, 1):
-            _refuse_own(self.own)
+        _check_own(self.own)
         if self.size_factor <= 0:
             raise SpecserveError(f"suffix needs size_factor > 0, got {self.size_factor}")
-
-
-def _refuse_own(value) -> None:
-    raise SpecserveError(f"suffix option own takes 0 or 1, got {value}")
 
 
 @register("suffix")
