@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from specserve.constrain import Grammar, GrammarCompiler, GrammarSpec
 from specserve.drafters import DrafterSpec, available, drafter_class
 from specserve.engine import Engine, Request, Result
+from specserve.engine.types import TokenLogprob
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
 from specserve.control import PrefillPolicy
@@ -22,6 +24,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     stats: dict
+    logprobs: list[TokenLogprob] | None = None
 
 
 def stop_checker(tokenizer: Tokenizer, stops: list[str]):
@@ -80,6 +83,15 @@ class LLM:
         self.default_k = {label: spec.k for label, spec in specs.items()}   # draft length when a request names none
         self._max_len, self._prefill = max_len, prefill
         self.engine = Engine(self.target, self._drafters, max_batch=max_batch, max_len=max_len, prefill=prefill)
+        self._grammars: GrammarCompiler | None = None
+
+    def grammar(self, spec: GrammarSpec) -> Grammar:
+        """``spec`` compiled against this model's vocabulary (cached; an invalid one raises
+        ``SpecserveError`` naming the problem).  The compiler is built on first use (about 0.3 s)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler.from_huggingface(self.tokenizer.hf, self.target.config.vocab_size,
+                                                              self.tokenizer.eos_ids)
+        return self._grammars.compile(spec)
 
     def engine_with(self, max_batch: int, drafters: Iterable[str] | None = None) -> Engine:
         """A new engine of ``max_batch`` rows over the same target and the same loaded drafter objects
@@ -116,26 +128,35 @@ class LLM:
         return self.tokenizer.encode_chat(prompt)
 
     def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str | None = None,
-                num_draft: int | str | None = None, stop: list[str] | None = None) -> Request:
+                num_draft: int | str | None = None, stop: list[str] | None = None,
+                grammar: GrammarSpec | Grammar | None = None, logprobs: int | None = None,
+                prompt_logprobs: int | None = None) -> Request:
         """An engine request; ``drafter``: a loaded label, None for ``default_drafter``; ``num_draft``: a
         number (0 stays 0), ``"auto"``, or None for the drafter's configured default (``auto`` unless
-        its spec named a number)."""
+        its spec named a number); ``grammar``: what the output must follow (a spec is compiled here);
+        ``logprobs`` / ``prompt_logprobs``: top logprobs per generated / prompt token (None: none)."""
         drafter = drafter or self.default_drafter
         if num_draft is None:
             num_draft = self.default_k.get(drafter, 0)
+        if isinstance(grammar, GrammarSpec):
+            grammar = self.grammar(grammar)
         return Request(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, drafter=drafter,
                        num_draft=num_draft, eos_ids=self.tokenizer.eos_ids,
-                       stop_fn=stop_checker(self.tokenizer, stop or []))
+                       stop_fn=stop_checker(self.tokenizer, stop or []), grammar=grammar, logprobs=logprobs,
+                       prompt_logprobs=prompt_logprobs)
 
     def completion(self, result: Result, stop: list[str] | None = None) -> Completion:
         text = self.tokenizer.decode(result.tokens)
         if stop:
             text = trim_at_stop(text, stop)
-        return Completion(text, result.tokens, result.finish_reason, result.stats.to_dict())
+        return Completion(text, result.tokens, result.finish_reason, result.stats.to_dict(), result.logprobs)
 
     def generate(self, prompts: list[str | list[dict]], max_tokens: int = 128,
                  sampling: SamplingParams | None = None, drafter: str | None = None, num_draft: int | str | None = None,
-                 stop: list[str] | None = None, raw: bool = False) -> list[Completion]:
+                 stop: list[str] | None = None, raw: bool = False, grammar: GrammarSpec | None = None,
+                 logprobs: int | None = None) -> list[Completion]:
         sampling = sampling or SamplingParams()
-        reqs = [self.request(self.encode(p, raw), max_tokens, sampling, drafter, num_draft, stop) for p in prompts]
+        compiled = self.grammar(grammar) if grammar is not None else None
+        reqs = [self.request(self.encode(p, raw), max_tokens, sampling, drafter, num_draft, stop, compiled, logprobs)
+                for p in prompts]
         return [self.completion(r, stop) for r in self.engine.generate(reqs)]

@@ -25,6 +25,9 @@ class SamplingParams:
     top_k: int = 0               # 0 means no top-k filter
     top_p: float = 1.0           # nucleus mass in (0, 1]
     seed: int | None = None      # None: a fresh random seed per request
+    presence_penalty: float = 0.0     # OpenAI's, in [-2, 2] (``specserve.constrain.penalties``)
+    frequency_penalty: float = 0.0    # OpenAI's, in [-2, 2]
+    repetition_penalty: float = 1.0   # > 0; 1 disables it
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -35,10 +38,21 @@ class SamplingParams:
             raise SpecserveError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise SpecserveError(f"seed must be an integer, got {self.seed!r}", "seed")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2 <= v <= 2:
+                raise SpecserveError(f"{name} must be in [-2, 2], got {v!r}", name)
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r) or not 0 < r <= 100:
+            raise SpecserveError(f"repetition_penalty must be in (0, 100], got {r!r}", "repetition_penalty")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 def processed_probs(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -114,3 +128,18 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
         return logits.argmax(-1)
     probs = processed_probs(logits, params)
     return race(probs, exponential_noise(tuple(probs.shape), generator).to(probs.device))
+
+
+def logprobs_of(logits: Tensor, tokens: list[int], top: int | None) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """Per row: the log-probability of ``tokens[i]`` under ``log_softmax(logits[i])`` and the ``top``
+    likeliest tokens with theirs.  logits: [R, V] (R >= len(tokens)).  Each row is
+    computed alone, so a row's numbers do not depend on the rows beside it."""
+    out = []
+    for i, t in enumerate(tokens):
+        lp = torch.log_softmax(logits[i].float(), -1)                                  # [V]
+        best: tuple[tuple[int, float], ...] = ()
+        if top:
+            vals, idx = torch.topk(lp, top)
+            best = tuple((int(j), float(v)) for j, v in zip(idx.tolist(), vals.tolist()))
+        out.append((float(lp[t]), best))
+    return out

@@ -66,7 +66,9 @@ class QueueFull(Exception):
 
 @dataclass
 class Handle:
-    """One request's mailbox.  Events: ("tokens", list[int]), ("done", Result), ("error", RequestError).
+    """One request's mailbox.  Events: ("tokens", list[int]), ("done", Result), ("error", RequestError);
+    for a request that asked for logprobs, ("logprobs", list[TokenLogprob]) before each "tokens" event,
+    one per token.
     The handle also keeps how it ended (``result`` or ``error``), for callers without an event loop."""
     request: Request
     deadline: float
@@ -261,6 +263,9 @@ class Scheduler:
         gen = self.engine.progress(h.seq_id)
         if gen is not None:
             if len(gen) > h.sent:
+                lp = self.engine.progress_logprobs(h.seq_id)
+                if lp is not None:
+                    h.push("logprobs", lp[h.sent:len(gen)])
                 h.push("tokens", gen[h.sent:])
                 h.sent = len(gen)
             return
@@ -268,6 +273,8 @@ class Scheduler:
         if result is None:
             return
         if len(result.tokens) > h.sent:
+            if result.logprobs is not None:
+                h.push("logprobs", result.logprobs[h.sent:])
             h.push("tokens", result.tokens[h.sent:])
             h.sent = len(result.tokens)
         h.finished, h.result = True, result

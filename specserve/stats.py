@@ -23,6 +23,9 @@ class RequestStats:
     size_s: float = 0.0               # the controller: node budgets, keeping the nodes that pay
     pass_s: float = 0.0               # target passes (prompt chunks included)
     verify_s: float = 0.0             # verification of the pass's logits (after the pass)
+    shape_s: float = 0.0              # grammar and penalties: drafts checked, forced tokens, masks
+    forced_tokens: int = 0            # drafted because a grammar forced them (jump-forward)
+    forced_accepted: int = 0          # ... of which accepted
     commit_s: float = 0.0             # committing tokens, the KV cache's compaction, feedback to drafters
     total_s: float = 0.0              # arrival -> last token
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
@@ -78,7 +81,8 @@ class RequestStats:
 
     @property
     def other_s(self) -> float:
-        return max(self.total_s - self.draft_s - self.size_s - self.pass_s - self.verify_s - self.commit_s, 0.0)
+        return max(self.total_s - self.draft_s - self.size_s - self.pass_s - self.verify_s - self.shape_s
+                   - self.commit_s, 0.0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,7 +99,8 @@ class RequestStats:
             "nodes_per_step": list(self.nodes_per_step), "mean_nodes_per_step": self.mean_nodes_per_step,
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "ttft_s": self.ttft_s, "draft_s": self.draft_s, "size_s": self.size_s, "pass_s": self.pass_s,
-            "verify_s": self.verify_s, "commit_s": self.commit_s,
+            "verify_s": self.verify_s, "shape_s": self.shape_s, "commit_s": self.commit_s,
+            "forced_tokens": self.forced_tokens, "forced_accepted": self.forced_accepted,
             "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,
             "token_times_s": list(self.token_times), "auto": self.auto,
             "spec_off_steps": sum(1 for n in self.nodes_per_step if n == 0),

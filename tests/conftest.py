@@ -121,3 +121,22 @@ def prompt_features(target: LoadedModel, prompt: list[int], layers: tuple[int, .
     cache = target.model.new_cache(1, len(prompt) + 8)
     out = target.model(torch.tensor([prompt]), cache, [0], [0], features=layers)
     return {layer: f[0] for layer, f in out.features.items()}
+
+
+GRAMMAR_PIECES = (list('{}":,[]0123456789abcdefghijklmnopqrstuvwxyz ')
+                  + ['{"', '":', '","', '"}', 'ab', 'na', 'me', 'name', 'age', '":"', 'xy', 'cd', '12', '00', 'ok', 'no',
+                     'er', 'th'])
+TINY_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                "age": {"type": "integer", "maximum": 999},
+                                                "ok": {"type": "boolean"}},
+               "required": ["name", "age", "ok"], "additionalProperties": False}
+
+
+def grammar_compiler(vocab: int = 64):
+    """A grammar compiler over a tiny model's ``vocab`` tokens, as text pieces (characters of JSON,
+    some longer pieces); the last token is the end of text, ``vocab - 1``."""
+    from specserve.constrain import GrammarCompiler
+
+    pieces = GRAMMAR_PIECES[:vocab - 1]
+    pieces += [f"<x{i}>" for i in range(vocab - 1 - len(pieces))] + ["<eos>"]
+    return GrammarCompiler.from_vocab(pieces, [vocab - 1]), pieces

@@ -160,3 +160,37 @@ def test_engine_cuts_an_overlong_proposal(target):
     assert max(out.stats.nodes_per_step) <= 2
     assert len(out.stats.drafted_per_depth) <= 8                 # 10 tokens: never deeper than 8 (9 left - 1)
     assert sum(out.stats.nodes_per_step) > 0
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMANCE))
+def test_greedy_identity_under_a_grammar(name, target):
+    """Under a JSON schema (tiny vocabulary of JSON pieces, end of text 63), three requests through two
+    rows, ``auto`` and k = 6: each output equals plain decoding under the same grammar, and is a
+    complete, valid document of the schema (the matcher accepts it and has ended) or stopped by
+    max_tokens.  Drafts the grammar forbids are dropped and forced tokens drafted, yet nothing changes."""
+    import json
+
+    from conftest import TINY_SCHEMA, grammar_compiler
+    from specserve.constrain import GrammarSpec
+
+    comp, pieces = grammar_compiler(VOCAB)
+    grammar = comp.compile(GrammarSpec("json_schema", json.dumps(TINY_SCHEMA)))
+    eos = frozenset({VOCAB - 1})
+    plain_eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=128)
+    plain = [plain_eng.generate([Request(p, 40, grammar=grammar, eos_ids=eos)])[0] for p in PROMPTS]
+    for out in plain:
+        m = grammar.matcher()
+        assert all(m.accept(t) for t in out.tokens)
+        if out.finish_reason == "stop":
+            assert m.terminated
+            doc = json.loads("".join(pieces[t] for t in out.tokens[:-1]))
+            assert set(doc) == {"name", "age", "ok"} and isinstance(doc["ok"], bool)
+    assert any(o.finish_reason == "stop" for o in plain)
+    for k in ("auto", 6):
+        d = create(name, target, **CONFORMANCE[name](target))
+        eng = Engine(target, {name: d}, max_batch=2, max_len=128)
+        outs = eng.generate([Request(p, 40, drafter=name, num_draft=k, grammar=grammar, eos_ids=eos) for p in PROMPTS])
+        assert [o.tokens for o in outs] == [o.tokens for o in plain]
+        assert [o.finish_reason for o in outs] == [o.finish_reason for o in plain]
+        if name == "none":                     # plain decoding drafts nothing, forced tokens included
+            assert sum(o.stats.forced_tokens for o in outs) == 0

@@ -85,6 +85,18 @@ class StepPlan:
                                                                          # node is kept anyway
 
 
+def forced_gains(prop, gains: list[float]) -> list[float]:
+    """Gains with the forced nodes' (``DraftProposal.forced``) set: the grammar fixes the text there, so a
+    forced node is accepted whenever its parent is, unless the target spells that text with other
+    tokens: it is priced at its parent's gain (1 below the pending token)."""
+    if not prop.forced:
+        return gains
+    out, parents = list(gains), prop.parent_list()
+    for n in range(prop.own, len(prop)):
+        out[n] = out[parents[n]] if parents[n] >= 0 else 1.0
+    return out
+
+
 class Controller:
     def __init__(self, traits: dict[str, Traits], cost: CostModel, max_draft: int, thread_choices: tuple[int, ...]):
         self.traits, self.cost, self.max_draft = traits, cost, max_draft
@@ -214,14 +226,14 @@ class Controller:
                 cheap = sum(self.draft_s.get(part_key(s.drafter, p), 0.0)
                             for p, k in plan.parts.get(s.seq_id, {}).items()
                             if k and not self._costly(part_key(s.drafter, p), s))
-                cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(),
+                cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains), prop.parent_list(),
                                        probe=s.seq_id in plan.probed or forced is not None,
                                        forced_node=forced or 0, draft_s=cheap))
                 continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
-            cands.append(Candidate(s.seq_id, s.context, gains, prop.parent_list(), fixed=not s.auto,
+            cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains), prop.parent_list(), fixed=not s.auto,
                                    probe=s.seq_id in plan.probed, draft_s=self.draft_s.get(s.drafter, 0.0)))
         keep, predicted = choose(cands, self.cost)
         step_rate = rate(len(cands) + sum(sum(c.gains[n] for n in keep[c.seq_id]) for c in cands), predicted,
@@ -229,8 +241,9 @@ class Controller:
         for s in slots:
             if not s.auto:
                 continue
-            if len(proposals[s.seq_id]):
-                self.kept[(s.seq_id, s.drafter)] = len(keep[s.seq_id])
+            if proposals[s.seq_id].own:
+                own = proposals[s.seq_id].own
+                self.kept[(s.seq_id, s.drafter)] = sum(1 for n in keep[s.seq_id] if n < own)
             if s.seq_id in merged:
                 self._part_kept(s, merged[s.seq_id], keep[s.seq_id], plan, step_rate)
             proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
@@ -278,7 +291,9 @@ class Controller:
 
     # ------------------------------------------------------------------ 5. learning
     def learn(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
-        """A verified draft ``prop`` (what the pass ran) of which the nodes ``path`` were accepted."""
+        """A verified draft ``prop`` (what the pass ran) of which the nodes ``path`` were accepted;
+        what the drafter is judged by is its own nodes (not the forced ones a grammar added)."""
+        prop, path = prop.drafted(path)
         conf = prop.trim_confidence()
         if s.auto and self._merged(s, prop):
             self._learn_parts(s, prop, path, plan)

@@ -106,6 +106,9 @@ class DraftProposal:
     # ^ a merging drafter's proposal (``Drafter.parts``): per node, the parts that proposed it, each
     #   with its own confidence for the node (uncalibrated); the controller calibrates each part's
     #   confidences separately and prices a node by its best part
+    forced: int = 0
+    # ^ the last ``forced`` nodes are not the drafter's: the engine added them where a grammar forces
+    #   the text (``specserve.constrain.tree``); the drafter's own nodes are the first ones
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -116,6 +119,18 @@ class DraftProposal:
 
     def parent_list(self) -> list[int]:
         return list(self.parents) if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+
+    @property
+    def own(self) -> int:
+        """How many nodes the drafter proposed (the first ones)."""
+        return len(self.tokens) - self.forced
+
+    def drafted(self, path: list[int]) -> tuple["DraftProposal", list[int]]:
+        """The drafter's own nodes and the part of an accepted ``path`` that runs through them."""
+        if not self.forced:
+            return self, path
+        n = self.own
+        return self.subset(list(range(n))), [i for i in path if i < n]
 
     def trim_confidence(self) -> list[float] | None:
         """The confidences the controller may rank, trim and calibrate nodes by: None when the nodes
@@ -166,12 +181,14 @@ class DraftProposal:
             return self
         parents = self.parent_list()
         new_index = {old: new for new, old in enumerate(keep)}
+        own = self.own
         return DraftProposal([self.tokens[i] for i in keep],
                              self.probs[keep] if self.probs is not None and keep else None,
                              None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
                              [self.confidence[i] for i in keep] if self.confidence is not None else None,
                              [self.future_gain[i] for i in keep] if self.future_gain is not None else None,
-                             [self.origins[i] for i in keep] if self.origins is not None else None)
+                             [self.origins[i] for i in keep] if self.origins is not None else None,
+                             sum(1 for i in keep if i >= own))
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
@@ -194,6 +211,8 @@ class DraftProposal:
             raise ValueError("future_gain needs one value per node")
         if self.origins is not None and len(self.origins) != n:
             raise ValueError("origins needs one entry per node")
+        if not 0 <= self.forced <= n:
+            raise ValueError("forced must count nodes of the proposal")
 
 
 @dataclass

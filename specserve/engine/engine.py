@@ -23,21 +23,24 @@ import itertools
 import time
 
 import torch
+from torch import Tensor
 
 from specserve.control import AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, cost_model, plan_chunks
+from specserve.constrain import Shaper
 from specserve.control.measure import identity
 from specserve.drafters.base import DraftProposal, Drafter, Feedback
+from specserve.engine.constrained import under_grammar
 from specserve.engine.drafting import Drafting, traits_of
 from specserve.engine.faults import PLAIN, PassFailed
 from specserve.engine.layout import Chunk, Entry, PassLayout
 from specserve.engine.prefix import Prefixes
 from specserve.engine.rows import RowTable
-from specserve.engine.types import (MAX_DRAFT, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
-                                    StepReport, StepTimes)
+from specserve.engine.types import (MAX_DRAFT, MAX_LOGPROBS, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
+                                    StepReport, StepTimes, TokenLogprob)
 from specserve.errors import SpecserveError
 from specserve.models.decoder import ForwardOutput
 from specserve.models.loader import LoadedModel
-from specserve.sampling import sample
+from specserve.sampling import logprobs_of, sample
 from specserve.stats import RequestStats
 from specserve.verify import Outcome, Row, verify_rows
 
@@ -100,8 +103,13 @@ class Engine:
         """Refuse a request that cannot be served, before anything is allocated."""
         if not req.prompt:
             raise SpecserveError("empty prompt", "prompt")
-        if req.max_tokens < 1:
-            raise SpecserveError(f"max_tokens must be >= 1, got {req.max_tokens}", "max_tokens")
+        least = 0 if req.prompt_logprobs is not None else 1       # scoring a prompt may generate nothing
+        if isinstance(req.max_tokens, bool) or not isinstance(req.max_tokens, int) or req.max_tokens < least:
+            raise SpecserveError(f"max_tokens must be >= {least}, got {req.max_tokens}", "max_tokens")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(req, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS):
+                raise SpecserveError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {v!r}", name)
         if len(req.prompt) + req.max_tokens > self.max_len:
             raise SpecserveError(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds "
                                  f"the context length {self.max_len}", "max_tokens")
@@ -115,6 +123,9 @@ class Engine:
         vocab = self.target.config.vocab_size
         if any(not 0 <= t < vocab for t in req.prompt):
             raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        if req.grammar is not None and req.grammar.vocab_size != vocab:
+            raise SpecserveError(f"the grammar was compiled for {req.grammar.vocab_size} tokens, the model has "
+                                 f"{vocab}", "response_format")
         self.drafters[req.drafter].validate(req.sampling)
 
     @property
@@ -145,6 +156,11 @@ class Engine:
         s = self._find(seq_id)
         return s.generated if s is not None else None
 
+    def progress_logprobs(self, seq_id: int) -> list[TokenLogprob] | None:
+        """The logprobs of a running sequence's generated tokens so far (None if not asked or not running)."""
+        s = self._find(seq_id)
+        return s.logprobs if s is not None else None
+
     def take_result(self, seq_id: int) -> Result | None:
         """The result of a finished sequence, handed over once (None if it has not finished)."""
         return self._finished.pop(seq_id, None)
@@ -163,8 +179,12 @@ class Engine:
                              auto=req.num_draft == AUTO, drafter_faults=int(drafter is PLAIN))
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter(),
-                       drafter=drafter)
-        match = self.prefixes.match(req.prompt, bool(drafter.feature_layers))
+                       drafter=drafter, logprobs=[] if req.logprobs is not None else None,
+                       prompt_logprobs=[None] if req.prompt_logprobs is not None else None)
+        if Shaper.needed(req.grammar, req.sampling):
+            seq.shaper = Shaper(req.grammar, req.sampling, req.prompt, self.target.config.vocab_size)
+        scored = req.prompt_logprobs is not None        # every prompt position's logits: nothing reused
+        match = None if scored else self.prefixes.match(req.prompt, bool(drafter.feature_layers))
         if match is not None:
             got = self.rows.copy_prefix(seq.row, self.prefixes.pool, match)
             seq.blocks = list(match.blocks)
@@ -218,6 +238,9 @@ class Engine:
         # 3. propose: each drafter drafts a chain or a tree within its sequences' budgets
         proposals = self.drafting.propose(decoding, slots, plan, times)
         clock.lap()
+        # 3b. grammar: the drafts it forbids out, the tokens it forces in (free drafts, priced by keep)
+        self._constrain(decoding, slots, proposals)
+        times.shape_s += clock.lap()
         # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
         predicted = self.controller.keep(slots, proposals, plan)
         # 5. prompt chunks: as many prompt tokens as keep the step within the planner's budget
@@ -233,12 +256,16 @@ class Engine:
             times.pass_s = clock.lap()
             if not chunks:                 # the cost model's correction learns from decoding passes only
                 self.controller.observe_pass(threads, layout.decode_lengths, layout.decode_starts, times.pass_s)
-            # 8. verify: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+            # 8. shape: each row's logits under its penalties and grammar, at every node from its own
+            #    path (the raw logprobs asked for are read first); then verify: greedy rows by argmax,
+            #    sampled rows by (recursive) rejection sampling
+            raw = self._shape_logits(decoding, proposals, layout, out)
+            times.shape_s += clock.lap()
             outcomes = self._verify(decoding, proposals, layout, out)
             times.verify_s = clock.lap()
             # 9. commit: accepted tokens (a stop inside the run ends it there) and their KV entries;
             #    the chunks' positions and prefix blocks, and a finished prompt's first token
-            feedback = self._commit_decoding(decoding, proposals, outcomes, layout, out)
+            feedback = self._commit_decoding(decoding, proposals, outcomes, layout, out, raw)
             feedback += self._commit_prompts(chunks, layout, out)
         except Exception as e:  # noqa: BLE001 - the model, verification or commit raised
             raise self._drop_pass(decoding + [s for s, _ in chunks], e) from e
@@ -252,6 +279,30 @@ class Engine:
         depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
         num_draft = 0 if s.drafter is PLAIN else s.request.num_draft    # after a fault: plain decoding
         return Slot(s.seq_id, s.request.drafter, num_draft, self.rows.length(s.row), depth)
+
+    def _constrain(self, decoding: list[Sequence], slots: list[Slot], proposals: dict[int, DraftProposal]) -> None:
+        """Each grammar-bound draft pruned to what its grammar allows, with the forced chains added
+        when the request speculates (a drafter that drafts, a draft size other than 0)."""
+        for s, slot in zip(decoding, slots):
+            if s.shaper is None or s.shaper.matcher is None:
+                continue
+            prop = proposals[s.seq_id]
+            jump = slot.num_draft != 0 and s.drafter.max_auto_draft > 0
+            proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
+
+    def _shape_logits(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], layout: PassLayout,
+                      out: ForwardOutput) -> dict[int, Tensor]:
+        """Shape (in place) the logits rows of every sequence with a shaper; returns, for sequences that
+        asked for logprobs, their rows' raw logits as they were (row 0: the pending token's)."""
+        raw = {}
+        for i, s in enumerate(decoding):
+            at, n = layout.offsets[i], layout.lengths[i]
+            if s.logprobs is not None:
+                raw[s.seq_id] = out.logits[at:at + n].clone()
+            if s.shaper is not None:
+                prop = proposals[s.seq_id]
+                out.logits[at:at + n] = s.shaper.apply(out.logits[at:at + n], prop.tokens, prop.parent_list())
+        return raw
 
     def _drop_pass(self, seqs: list[Sequence], error: Exception) -> PassFailed:
         """The pass of ``seqs`` failed: drop them (rows freed, drafters and controller told)."""
@@ -278,7 +329,7 @@ class Engine:
         entries = [Entry(s.row, self.rows.length(s.row), s.tokens[-1], proposals[s.seq_id].tokens,
                          proposals[s.seq_id].parent_list()) for s in decoding]
         parts = [Chunk(s.row, s.prefilled, s.request.prompt[s.prefilled:s.prefilled + n],
-                       s.prefilled + n == len(s.request.prompt)) for s, n in chunks]
+                       s.prefilled + n == len(s.request.prompt), s.prompt_logprobs is not None) for s, n in chunks]
         used = [s.drafter for s in decoding + [s for s, _ in chunks]]
         layers = {x for d in used for x in d.feature_layers} | set(self.prefixes.feature_layers if chunks else ())
         return PassLayout.build(entries, parts, tuple(sorted(layers)))
@@ -295,8 +346,8 @@ class Engine:
                 for i, (s, p) in enumerate((s, proposals[s.seq_id]) for s in decoding)]
         return verify_rows(rows, out.logits) if rows else []
 
-    def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal],
-                         outcomes: list[Outcome], layout: PassLayout, out: ForwardOutput) -> list[tuple[Sequence, Feedback]]:
+    def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], outcomes: list[Outcome],
+                         layout: PassLayout, out: ForwardOutput, raw: dict[int, Tensor]) -> list[tuple[Sequence, Feedback]]:
         """Keep each accepted path's KV entries and commit its tokens; the drafters' feedback."""
         feedback = []
         for i, (s, o) in enumerate(zip(decoding, outcomes)):
@@ -308,8 +359,11 @@ class Engine:
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
                       if drafter.wants_predictions else None)
-            feedback.append((s, Feedback(s.seq_id, prop, o.path, o.tokens, feats, argmax)))
-            s.commit(o.tokens)
+            own, own_path = prop.drafted(o.path)           # the drafter hears of its own nodes only
+            feedback.append((s, Feedback(s.seq_id, own, own_path, o.tokens, feats, argmax)))
+            s.stats.forced_tokens += prop.forced
+            s.stats.forced_accepted += sum(1 for n in o.path if n >= prop.own)
+            self._commit(s, o.tokens, raw.get(s.seq_id), kept)
         return feedback
 
     def _commit_prompts(self, chunks: list[tuple[Sequence, int]], layout: PassLayout,
@@ -324,6 +378,12 @@ class Engine:
             for layer in drafter.feature_layers:
                 s.prompt_feats.setdefault(layer, []).append(feats[layer].clone())
             start = s.prefilled
+            if s.prompt_logprobs is not None:           # rows predict prompt positions start + 1 ...
+                m = min(n, len(s.request.prompt) - start - 1)
+                rows = out.logits[layout.scored[j]:layout.scored[j] + m]
+                s.prompt_logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in zip(
+                    s.request.prompt[start + 1:start + 1 + m],
+                    logprobs_of(rows, s.request.prompt[start + 1:start + 1 + m], s.request.prompt_logprobs))]
             self.rows.extend(s.row, n)
             s.prefilled += n
             s.blocks = self.prefixes.store(s.blocks, s.tokens, self.rows.views(s.row), start, s.prefilled, feats)
@@ -331,13 +391,28 @@ class Engine:
             s.stats.prefill_passes += 1
             if layout.first_token[j] is None:
                 continue
-            first = int(sample(out.logits[layout.first_token[j]], s.request.sampling, s.generator))
+            row = out.logits[layout.first_token[j]:layout.first_token[j] + 1]                  # [1, V]
+            if s.request.max_tokens == 0:            # a scored prompt that asks for no token
+                s.finish("length")
+                continue
+            shaped = s.shaper.apply(row, [], []) if s.shaper is not None else row
+            first = int(sample(shaped[0], s.request.sampling, s.generator))
             prompt_feats = {layer: torch.cat(fs) for layer, fs in s.prompt_feats.items()}
             s.prompt_feats = {}
             feedback.append((s, Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats)))
             s.state = State.DECODE
-            s.commit([first])
+            self._commit(s, [first], row if s.logprobs is not None else None, [0])
         return feedback
+
+    def _commit(self, s: Sequence, tokens: list[int], raw: Tensor | None, rows: list[int]) -> None:
+        """Commit ``tokens`` (``Sequence.commit``); the shaper advances by those committed, and each
+        gets its logprobs from ``raw`` (logits rows; token j's position is row ``rows[j]``)."""
+        n = s.commit(tokens)
+        if s.shaper is not None:
+            s.shaper.commit(tokens[:n])
+        if raw is not None and n:
+            s.logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in
+                           zip(tokens[:n], logprobs_of(raw[rows[:n]], tokens[:n], s.request.logprobs))]
 
     def _feed_back(self, feedback: list[tuple[Sequence, Feedback]], slots: list[Slot],
                    proposals: dict[int, DraftProposal], outcomes: list[Outcome], plan: StepPlan) -> None:
@@ -376,7 +451,8 @@ class Engine:
         self.drafting.end(s)
         self._running.remove(s)
         self.rows.release(s.row)
-        self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats)
+        self._finished[s.seq_id] = Result(s.generated, s.finish_reason or "length", s.stats, s.logprobs,
+                                          s.prompt_logprobs)
 
     def _find(self, seq_id: int) -> Sequence | None:
         return next((s for s in self._running if s.seq_id == seq_id), None)

@@ -41,6 +41,7 @@ class Chunk:
     start: int                    # prompt positions already cached
     tokens: list[int]
     ends_prompt: bool
+    score: bool = False           # logits for every row (a prompt whose logprobs were asked for)
 
 
 @dataclass
@@ -55,6 +56,8 @@ class PassLayout:
     features: tuple[int, ...]     # layers whose features come back
     entries: int                  # how many of the parts are decoding entries (the first ones)
     first_token: list[int | None]  # per chunk: the logits row of its prompt's first token (None: not ending)
+    scored: list[int | None]      # per chunk: the logits row of its first token, for a scored chunk (the
+                                  # chunk's rows follow in order); None: not scored
 
     @classmethod
     def build(cls, entries: list[Entry], chunks: list[Chunk], features: tuple[int, ...]) -> "PassLayout":
@@ -64,19 +67,22 @@ class PassLayout:
             tokens += [e.pending] + e.nodes
             parents += [-1] + [p + 1 for p in e.parents]
         decode_rows = len(tokens)
-        ends, first = [], []
+        wanted: list[int] = []                 # chunk rows whose logits come back, in order
+        first: list[int | None] = []
+        scored: list[int | None] = []
         for c in chunks:
+            base = len(tokens)
             tokens += c.tokens
             parents += list(range(-1, len(c.tokens) - 1))
-            first.append(decode_rows + len(ends) if c.ends_prompt else None)
-            if c.ends_prompt:
-                ends.append(len(tokens) - 1)
+            scored.append(decode_rows + len(wanted) if c.score else None)
+            wanted += range(base, len(tokens)) if c.score else [len(tokens) - 1] if c.ends_prompt else []
+            first.append(decode_rows + len(wanted) - 1 if c.ends_prompt else None)
         lengths = [1 + len(e.nodes) for e in entries] + [len(c.tokens) for c in chunks]
         chains = all(e.parents == list(range(-1, len(e.nodes) - 1)) for e in entries)
         return cls(tokens, None if chains else parents, [e.row for e in entries] + [c.row for c in chunks],
                    [e.start for e in entries] + [c.start for c in chunks], lengths,
                    list(itertools.accumulate([0] + lengths[:-1])),
-                   list(range(decode_rows)) + ends if chunks else None, features, len(entries), first)
+                   list(range(decode_rows)) + wanted if chunks else None, features, len(entries), first, scored)
 
     @property
     def decode_lengths(self) -> list[int]:

@@ -14,6 +14,7 @@ from specserve.sampling import SamplingParams
 from specserve.stats import RequestStats
 
 MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
+MAX_LOGPROBS = 20       # most top logprobs a request may ask for per position (OpenAI's limit)
 
 
 @dataclass
@@ -25,6 +26,19 @@ class Request:
     num_draft: int | str = 0           # draft length (tree drafters: node budget), or "auto": the controller's
     eos_ids: frozenset[int] = frozenset()
     stop_fn: Callable[[list[int]], bool] | None = None   # True when generated tokens hit a stop string
+    grammar: Any = None                # a compiled ``constrain.Grammar`` the output must follow (None: free)
+    logprobs: int | None = None        # per generated token: its logprob and the top this-many (None: off)
+    prompt_logprobs: int | None = None  # the same per prompt token (the first has none); then max_tokens
+                                        # may be 0 (score the prompt only) and no cached prefix is used
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the target's raw distribution at its position (before
+    penalties, grammar and temperature), and the likeliest tokens there with theirs."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -32,6 +46,8 @@ class Result:
     tokens: list[int]
     finish_reason: str            # "stop" (EOS or stop string), "length" or "abort"
     stats: RequestStats
+    logprobs: list[TokenLogprob] | None = None           # one per token (Request.logprobs)
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # one per prompt token, None for the first
 
 
 class State(enum.Enum):
@@ -57,6 +73,9 @@ class Sequence:
     prompt_feats: dict[int, list[Tensor]] = field(default_factory=dict)   # the drafter's, until the prompt ends
     blocks: list | None = field(default_factory=list)    # its chain in the prefix cache (None: broken)
     drafter: Any = None           # the drafter serving it: its request's, or ``faults.PLAIN`` after a fault
+    shaper: Any = None            # its ``constrain.Shaper`` (grammar state, token counts); None: neither
+    logprobs: list | None = None          # TokenLogprob per generated token (None: not asked)
+    prompt_logprobs: list | None = None   # TokenLogprob per prompt token (None: not asked)
 
     @property
     def generated(self) -> list[int]:
@@ -65,10 +84,11 @@ class Sequence:
     def finish(self, reason: str) -> None:
         self.finish_reason, self.state = reason, State.FINISHED
 
-    def commit(self, new: list[int]) -> None:
+    def commit(self, new: list[int]) -> int:
         """Append tokens one at a time, stopping exactly where plain decoding would: at an EOS id,
-        a stop string, or ``max_tokens``."""
+        a stop string, or ``max_tokens``.  Returns how many were appended."""
         req = self.request
+        before = len(self.tokens)
         for tok in new:
             self.tokens.append(tok)
             self.stats.token_times.append(time.perf_counter() - self.arrival)
@@ -80,6 +100,7 @@ class Sequence:
                 self.finish("length")
             if self.finish_reason is not None:
                 break
+        return len(self.tokens) - before
 
 
 class Clock:
@@ -101,6 +122,7 @@ class StepTimes:
     size_s: float = 0.0           # the controller: budgets, keeping nodes
     pass_s: float = 0.0           # the target pass
     verify_s: float = 0.0         # verification of the pass's logits, after the pass
+    shape_s: float = 0.0          # grammars and penalties: drafts checked, forced tokens, logits shaped
     commit_s: float = 0.0         # commit, KV compaction, feedback to drafters and controller
 
     def charge(self, stats: RequestStats, decoding: bool) -> None:
@@ -110,6 +132,7 @@ class StepTimes:
             stats.draft_s += self.draft_s
             stats.size_s += self.size_s
             stats.verify_s += self.verify_s
+            stats.shape_s += self.shape_s
             stats.commit_s += self.commit_s
 
 

@@ -13,6 +13,7 @@ import contextlib
 
 from fastapi import FastAPI
 
+from specserve.constrain import GrammarSpec
 from specserve.llm import LLM
 from specserve.scheduler import Scheduler
 from specserve.server import gauges
@@ -43,6 +44,7 @@ def create_app(llm: LLM, model_name: str, default_drafter: str | None = None, ma
     if max_body_bytes < 1:
         raise SpecserveError(f"the body limit must be >= 1 byte, got {max_body_bytes}")
     llm.engine.make_resident()        # the KV budget in memory now, not page by page over hours
+    llm.grammar(GrammarSpec("json_object"))   # the grammar compiler built now, not in the first request
     metrics = Metrics()
     scheduler = Scheduler(llm.engine, max_waiting=max_waiting, metrics=metrics)
     metrics.gauges = lambda: gauges.gauges(scheduler)

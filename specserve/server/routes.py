@@ -17,6 +17,7 @@ from specserve.sampling import SamplingParams
 from specserve.scheduler import ErrorKind, Handle, QueueFull, RequestError, Scheduler
 from specserve.server.errors import API_PARAM, error, request_error
 from specserve.server.limits import TokenLimits
+from specserve.server.logprobs import chat_logprobs, completion_logprobs
 from specserve.server.metrics import Metrics
 from specserve.server.requestlog import log_fields, result_fields
 from specserve.server.schemas import ChatRequest, CompletionRequest
@@ -76,22 +77,33 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
     if body.model != svc.model_name:
         return error(404, f"model {body.model!r} not found; this server serves {svc.model_name!r}", "model",
                      type_="not_found_error")
+    wants_logprobs = body.logprob_counts()[0] is not None
+    if body.stream and body.echo and wants_logprobs:
+        return error(400, "echo with logprobs is answered whole: set stream to false", "stream")
     handle = submit(svc, body, prompt_ids, log, chat)
     if isinstance(handle, JSONResponse):
         return handle
+    echo = body.prompt if body.echo else ""
     reply = Reply(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), svc.model_name,
-                  chat, len(prompt_ids))
+                  chat, len(prompt_ids), echo)
     stream = TextStream(svc.llm, body.stops())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log),
+        doc = None
+        if wants_logprobs:
+            doc = (lambda lps: chat_logprobs(svc.llm, lps)) if chat else (lambda lps: completion_logprobs(svc.llm, lps))
+        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc),
                                  media_type="text/event-stream")
     outcome = await wait(svc.scheduler, handle)
     if isinstance(outcome, RequestError):
         log.update(outcome=outcome.kind.value, error=outcome.message)
         return request_error(outcome)
     log.update(result_fields(outcome))
-    return reply.completion(stream.feed(outcome.tokens, final=True), outcome)
+    if chat:
+        lps = chat_logprobs(svc.llm, outcome.logprobs)
+    else:
+        lps = completion_logprobs(svc.llm, outcome.logprobs, prompt_ids if body.echo else None, outcome.prompt_logprobs)
+    return reply.completion(stream.feed(outcome.tokens, final=True), outcome, lps)
 
 
 def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict,
@@ -101,14 +113,19 @@ def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list
     spec = body.speculative
     drafter = spec.drafter if spec and spec.drafter else svc.default_drafter
     k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
-    max_tokens = body.max_completion_tokens or body.max_tokens or svc.default_max_tokens
-    max_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    max_tokens = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None),
+                      svc.default_max_tokens)
+    max_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     seed = body.seed % (2**63) if body.seed is not None else None
     log.update(drafter=drafter, prompt_tokens=len(prompt_ids), max_tokens=max_tokens)
     try:
         svc.limits.check(len(prompt_ids), "messages" if chat else "prompt", max_tokens, max_field)
-        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed)
-        req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops())
+        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed, body.presence_penalty,
+                                  body.frequency_penalty, body.repetition_penalty)
+        grammar = body.response_format.spec() if body.response_format is not None else None
+        logprobs, prompt_logprobs = body.logprob_counts()
+        req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops(), grammar, logprobs,
+                              prompt_logprobs)
         return svc.scheduler.submit(req, svc.request_timeout_s, asyncio.get_running_loop())
     except SpecserveError as e:
         return error(400, str(e), API_PARAM.get(e.param, e.param))
@@ -121,7 +138,7 @@ async def wait(scheduler: Scheduler, handle: Handle) -> Result | RequestError:
     try:
         while True:
             kind, payload = await handle.events.get()
-            if kind != "tokens":
+            if kind not in ("tokens", "logprobs"):
                 return payload
     except asyncio.CancelledError:
         scheduler.cancel(handle)

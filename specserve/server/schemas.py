@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specserve.constrain import GrammarSpec
 
 MAX_STOP = 4            # OpenAI's limit
 MAX_DRAFT = 32          # the engine's limit (specserve.engine.MAX_DRAFT)
+MAX_LOGPROBS = 20       # the engine's limit (specserve.engine.types.MAX_LOGPROBS), OpenAI's too
+MAX_GRAMMAR = 100_000   # characters of a regular expression or grammar
 
 
 class Speculative(BaseModel):
@@ -16,6 +20,41 @@ class Speculative(BaseModel):
     drafter: str = Field(default=None, min_length=1, max_length=64)
     # draft length (tree drafters: node budget) or "auto"; absent: the drafter's configured default
     num_draft: Annotated[int, Field(ge=0, le=MAX_DRAFT)] | Literal["auto"] | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    name: str = Field(default="response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``), and the extension
+    ``{"type": "regex", "regex": "..."}`` and ``{"type": "grammar", "grammar": "<EBNF>"}``."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR)
+    grammar: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR)
+
+    @model_validator(mode="after")
+    def _complete(self):
+        need = {"json_schema": self.json_schema, "regex": self.regex, "grammar": self.grammar}
+        if self.type in need and need[self.type] is None:
+            raise ValueError(f"type {self.type!r} needs the field {self.type!r}")
+        return self
+
+    def spec(self) -> GrammarSpec | None:
+        """The grammar asked for (None: free text); its compilation may still refuse it."""
+        import json
+        if self.type == "text":
+            return None
+        if self.type == "json_schema":
+            js = self.json_schema
+            return GrammarSpec("json_schema", json.dumps(js.schema_), js.strict is not False)
+        return GrammarSpec(self.type, {"regex": self.regex, "grammar": self.grammar}.get(self.type) or "")
 
 
 class StreamOptions(BaseModel):
@@ -27,7 +66,7 @@ class _Common(BaseModel):
     # strict: "yes" is not a boolean and "2" is not a number; unknown OpenAI fields are ignored
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(default=None, ge=0, le=1_000_000)     # 0: only with echo and logprobs
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -38,6 +77,10 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
+    response_format: ResponseFormat | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=100.0)     # extension; 1 disables
 
     @field_validator("stop")
     @classmethod
@@ -55,7 +98,12 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str = Field(min_length=1, max_length=1_000_000)
-    echo: Literal[False] = False
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """(per generated token, per prompt token): the top logprobs asked for, None for none."""
+        return self.logprobs, self.logprobs if self.echo else None
 
 
 class ChatMessage(BaseModel):
@@ -66,3 +114,15 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: ClassVar[bool] = False          # chat has no echo
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, None

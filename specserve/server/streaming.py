@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from specserve.engine import Result
 from specserve.llm import LLM, trim_at_stop
@@ -60,11 +60,14 @@ class Reply:
     model: str
     chat: bool
     n_prompt: int
+    echo: str = ""                # completions with ``echo``: the prompt, before the text
 
-    def completion(self, text: str, result: Result) -> dict:
+    def completion(self, text: str, result: Result, logprobs: dict | None = None) -> dict:
         finish = finish_reason(result)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                   "finish_reason": finish}
+                  if self.chat else {"index": 0, "text": self.echo + text, "logprobs": logprobs,
+                                     "finish_reason": finish})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice],
                 "usage": usage_of(self.n_prompt, result), "speculative_stats": spec_stats(result.stats)}
@@ -73,13 +76,15 @@ class Reply:
     def chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def chunk(self, delta: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> str:
-        """One event: a text delta (chat: the role first), or the finish reason."""
+    def chunk(self, delta: str | None, finish: str | None, first: bool = False, extra: dict | None = None,
+              logprobs: dict | None = None) -> str:
+        """One event: a text delta (chat: the role first), or the finish reason; ``logprobs``: of the
+        tokens since the last event."""
         if self.chat:
             d = ({"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {}))
-            choice = {"index": 0, "delta": d, "finish_reason": finish}
+            choice = {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish}
         doc = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
                "choices": [choice]}
         if extra:
@@ -96,19 +101,32 @@ def event(doc: dict) -> str:
     return f"data: {json.dumps(doc)}\n\n"
 
 
-async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply,
-              include_usage: bool, log: dict) -> AsyncIterator[str]:
+async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply, include_usage: bool,
+              log: dict, logprobs_doc: Callable[[list], dict] | None = None) -> AsyncIterator[str]:
     """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it.
-    ``log``: the request's log line, told how the stream ended."""
+    ``log``: the request's log line, told how the stream ended; ``logprobs_doc``: turns the logprobs
+    of the tokens behind an event into its ``logprobs`` (None: not asked)."""
+    pending: list = []               # logprobs of tokens whose text no event has carried yet
+
+    def take() -> dict | None:
+        nonlocal pending
+        doc = logprobs_doc(pending) if logprobs_doc is not None and pending else None
+        pending = []
+        return doc if doc and (doc.get("content") or doc.get("tokens")) else None    # an end of text alone: none
+
     try:
         if reply.chat:
             yield reply.chunk(None, None, first=True)
+        elif reply.echo:
+            yield reply.chunk(reply.echo, None)
         while True:
             kind, payload = await handle.events.get()
-            if kind == "tokens":
+            if kind == "logprobs":
+                pending += payload
+            elif kind == "tokens":
                 delta = stream.feed(payload, final=False)
                 if delta:
-                    yield reply.chunk(delta, None)
+                    yield reply.chunk(delta, None, logprobs=take())
             elif kind == "error":
                 log.update(outcome=payload.kind.value, error=payload.message)
                 yield event(error_event(payload))
@@ -117,8 +135,9 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
                 log.update(result_fields(payload))
                 delta = stream.feed([], final=True)
                 if delta:
-                    yield reply.chunk(delta, None)
-                yield reply.chunk(None, finish_reason(payload), extra={"speculative_stats": spec_stats(payload.stats)})
+                    yield reply.chunk(delta, None, logprobs=take())
+                yield reply.chunk(None, finish_reason(payload), extra={"speculative_stats": spec_stats(payload.stats)},
+                                  logprobs=take())
                 if include_usage:
                     yield reply.usage_chunk(payload)
                 break

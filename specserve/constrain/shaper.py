@@ -1,0 +1,70 @@
+"""One sequence's logits shaping: its grammar state and its token counts, advanced as it commits.
+
+The engine keeps a ``Shaper`` for each sequence whose request has a grammar or a penalty, and calls
+it at three points of a step: ``shape`` after drafting (forbidden drafts out, forced tokens in,
+``specserve.constrain.tree``), ``apply`` on the pass's logits rows of the sequence before
+verification (penalties from each row's own path, then the grammar mask), and ``commit`` with the
+tokens the step committed.  Plain decoding goes through the same calls with an empty draft, so
+speculative and plain decoding see the same distributions at every position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specserve.constrain.grammar import Grammar, allowed
+from specserve.constrain.penalties import path_counts, penalise
+from specserve.constrain.tree import Shaped, masks, shape
+from specserve.sampling import SamplingParams
+
+
+def paths_of(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
+    """Each node's token path below the root."""
+    out: list[tuple[int, ...]] = []
+    for t, p in zip(tokens, parents):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return out
+
+
+class Shaper:
+    def __init__(self, grammar: Grammar | None, sampling: SamplingParams, prompt: list[int], vocab_size: int):
+        self.matcher = grammar.matcher() if grammar is not None else None
+        self.sampling, self.vocab = sampling, vocab_size
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32)     # generated tokens
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool)          # prompt and generated tokens
+        if sampling.penalised and prompt:
+            self.seen[torch.tensor(prompt)] = True
+
+    @staticmethod
+    def needed(grammar: Grammar | None, sampling: SamplingParams) -> bool:
+        return grammar is not None or sampling.penalised
+
+    def commit(self, tokens: list[int]) -> None:
+        """Committed tokens, in order (a token the grammar refuses is a bug upstream)."""
+        for t in tokens:
+            if self.matcher is not None and not self.matcher.terminated and not self.matcher.accept(t):
+                raise RuntimeError(f"committed token {t} is outside the grammar")
+        if self.sampling.penalised and tokens:
+            idx = torch.tensor(tokens)
+            self.counts.index_put_((idx,), torch.ones(len(tokens)), accumulate=True)
+            self.seen[idx] = True
+
+    def shape(self, tokens: list[int], parents: list[int], drawn: list[bool], room: int, max_depth: int,
+              jump: bool) -> Shaped:
+        if self.matcher is None or self.matcher.terminated:
+            return Shaped(list(range(len(tokens))))
+        return shape(self.matcher, tokens, parents, drawn, room, max_depth, jump)
+
+    def apply(self, logits: Tensor, tokens: list[int], parents: list[int]) -> Tensor:
+        """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]."""
+        sp = self.sampling
+        out = logits.float()
+        if sp.penalised:
+            pc = path_counts(paths_of(tokens, parents), self.vocab)
+            out = penalise(out, (self.counts + pc).to(out.device), (self.seen | (pc > 0)).to(out.device),
+                           sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
+        if self.matcher is not None and not self.matcher.terminated:
+            ok = allowed(masks(self.matcher, tokens, parents), self.vocab).to(out.device)
+            out = out.masked_fill(~ok, float("-inf"))
+        return out

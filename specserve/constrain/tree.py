@@ -1,0 +1,123 @@
+"""A grammar over a drafted tree: which nodes it forbids, which tokens it forces, a mask per node.
+
+Terms.  A draft is a tree of N nodes in topological order (``tokens[i]``, ``parents[i]``, -1: a child
+of the pending token, the root).  The matcher is at the root's state: every committed token,
+pending one included, accepted.  A node's *state* is the matcher after accepting the tokens of its
+path from the root.  A node is *forbidden* when the grammar rejects its token in its parent's state.
+
+``shape`` walks the tree depth first, advancing the matcher along each path and rolling it back:
+
+- a forbidden **deterministic** node goes, with its subtree.  Exact: its target probability under
+  the mask is 0, so verification would reject it, and rejecting a one-hot draft whose token has
+  probability 0 leaves the residual distribution as it was;
+- a forbidden **drawn** node (sampled from q) stays, and only its subtree goes: removing it would
+  change the residual that recursive rejection samples from (max(0, p - q) renormalised, not p), and
+  with it the output distribution.  It is rejected with certainty, since p is 0 at its token;
+- at every kept node none of whose children the grammar allows (the root included), the tokens the
+  grammar forces next are proposed as a chain below it (jump-forward): the matcher's forced tokens,
+  or, where it has none, the one token a mask allows when it allows exactly one (an end of text).
+
+``masks`` fills one bitmask row per logits row of the pass (row 0: the root's state; row i + 1: node
+i's), so verification sees, at every position, the target's distribution masked by the grammar state
+along that position's own path.  Rows of forbidden nodes allow everything: they are never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specserve.constrain.grammar import Matcher, new_bitmask
+
+
+@dataclass
+class Shaped:
+    keep: list[int]                                     # kept drafted nodes, ascending
+    chains: list[tuple[int, list[int]]] = field(default_factory=list)
+    # ^ forced chains: (the kept node they hang below, -1: the root; their tokens, first to last)
+
+    @property
+    def forced(self) -> int:
+        return sum(len(c) for _, c in self.chains)
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    """kids[p + 1]: the children of node p (kids[0]: of the root), in order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return kids
+
+
+def single_token(row: Tensor) -> int | None:
+    """The token a bitmask row ([W] int32) allows when it allows exactly one, else None."""
+    nz = torch.nonzero(row).flatten()
+    if len(nz) != 1:
+        return None
+    w = int(row[nz[0]]) & 0xFFFFFFFF
+    return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
+
+
+def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[bool], room: int,
+          max_depth: int, jump: bool) -> Shaped:
+    """Prune a draft to what the grammar allows and add the forced chains (see the module docstring).
+
+    ``drawn[i]``: node i was sampled from a q (not one-hot); ``room``: forced nodes that may be added
+    in all; ``max_depth``: no forced node deeper; ``jump``: add forced chains at all.  The matcher is
+    left at the root's state."""
+    kids = children_of(parents)
+    keep: list[int] = []
+    out = Shaped(keep)
+    scratch = new_bitmask(1, matcher.vocab_size)
+
+    def forced_chain(at: int, depth: int) -> None:
+        budget = min(room - out.forced, max_depth - depth)
+        if budget <= 0:
+            return
+        chain = matcher.forced()[:budget]
+        if not chain:
+            matcher.fill(scratch, 0)
+            only = single_token(scratch[0])
+            chain = [only] if only is not None else []
+        if chain:
+            out.chains.append((at, chain))
+
+    def visit(node: int, depth: int) -> None:            # the matcher is at ``node``'s state
+        if matcher.terminated:                           # an end of text: nothing follows
+            return
+        allowed_kids = 0
+        for c in kids[node + 1]:
+            if matcher.accept(tokens[c]):
+                keep.append(c)
+                allowed_kids += 1
+                visit(c, depth + 1)
+                matcher.rollback(1)
+            elif drawn[c]:
+                keep.append(c)
+        if not allowed_kids and jump:
+            forced_chain(node, depth)
+
+    visit(-1, 0)
+    keep.sort()
+    return out
+
+
+def masks(matcher: Matcher, tokens: list[int], parents: list[int]) -> Tensor:
+    """int32 [N + 1, W]: row 0 the tokens allowed after the root, row i + 1 after node i's path (all
+    allowed for a forbidden node, one below it or one after an end of text).  The matcher is left at the root's state."""
+    kids = children_of(parents)
+    bitmask = torch.full((len(tokens) + 1, (matcher.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+    def visit(node: int) -> None:
+        if matcher.terminated:                           # after an end of text: never read
+            return
+        matcher.fill(bitmask, node + 1)
+        for c in kids[node + 1]:
+            if matcher.accept(tokens[c]):
+                visit(c)
+                matcher.rollback(1)
+
+    visit(-1)
+    return bitmask
