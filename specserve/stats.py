@@ -34,9 +34,12 @@ class RequestStats:
     step_predicted_s: list[float] = field(default_factory=list)     # auto steps: the cost model's prediction
     step_measured_s: list[float] = field(default_factory=list)      # ... and the measured target pass
 
-    def record_step(self, nodes: int, depth: int, accepted: int) -> None:
+    def record_step(self, nodes: int, depth: int, accepted: int, forced: int = 0, forced_accepted: int = 0) -> None:
         """Count one verification pass over a draft of ``nodes`` nodes reaching ``depth`` (a chain
-        of k tokens: k and k), of which ``accepted`` tokens (a path) were accepted."""
+        of k tokens: k and k), of which ``accepted`` tokens (a path) were accepted; ``forced`` of the
+        nodes were a grammar's forced tokens, ``forced_accepted`` of them on the accepted path."""
+        self.forced_tokens += forced
+        self.forced_accepted += forced_accepted
         while len(self.drafted_per_depth) < depth:
             self.drafted_per_depth.append(0)
             self.accepted_per_depth.append(0)

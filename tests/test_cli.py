@@ -94,7 +94,7 @@ def test_generate_json():
     assert s["accepted_tokens"] + s["verify_passes"] + 1 >= len(ids)
     assert s["mean_accepted_length"] == pytest.approx((s["accepted_tokens"] + s["verify_passes"]) / s["verify_passes"])
     assert 0 < s["ttft_s"] <= s["total_s"] and s["tokens_per_second"] == pytest.approx(len(ids) / s["total_s"])
-    timers = [s[k] for k in ("draft_s", "size_s", "pass_s", "verify_s", "commit_s", "other_s")]
+    timers = [s[k] for k in ("draft_s", "size_s", "pass_s", "verify_s", "shape_s", "commit_s", "other_s")]
     assert min(timers) >= 0 and s["pass_s"] > 0
     assert sum(timers) >= s["total_s"] * (1 - 1e-9)        # other_s is the rest (clipped at 0)
     assert doc["runtime"]["batch_invariant"] is True

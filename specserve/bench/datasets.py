@@ -18,6 +18,7 @@ class Prompt:
     category: str
     group: str
     text: str          # the first user turn
+    response_format: dict | None = None    # OpenAI's, for a structured output (None: free text)
 
 
 def group_of(category: str) -> str:
@@ -44,9 +45,12 @@ def load_jsonl(path: str | None = None) -> list[Prompt]:
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SpecserveError(f"{path or 'spec_bench'} line {i + 1}: need a JSON object with 'turns' or 'prompt'") from None
         cat = str(rec.get("category", "custom"))
+        rf = rec.get("response_format")
+        if rf is not None and not isinstance(rf, dict):
+            raise SpecserveError(f"{path} line {i + 1}: response_format must be an object")
         pid = rec.get("question_id", rec.get("id", i))
         out.append(Prompt(pid if isinstance(pid, (int, str)) else i, cat,
-                          group_of(cat) if path is None else cat, str(turn)))
+                          group_of(cat) if path is None else cat, str(turn), rf))
     return out
 
 

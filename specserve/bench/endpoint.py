@@ -50,18 +50,19 @@ async def _one(client, url: str, model: str, prompt: str | list[dict], max_token
 
 
 async def _run(url: str, model: str, prompts: list, max_tokens: int, concurrency: int,
-               extra: dict) -> tuple[list[dict], float]:
-    """Closed loop: ``concurrency`` requests in flight until every prompt is done.  Returns the
-    per-request results (in prompt order) and the wall seconds."""
+               extra: dict, per_prompt: list[dict] | None = None) -> tuple[list[dict], float]:
+    """Closed loop: ``concurrency`` requests in flight until every prompt is done (prompt i's body
+    also carries ``per_prompt[i]``, e.g. its ``response_format``).  Returns the per-request results
+    (in prompt order) and the wall seconds."""
     import httpx
 
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-        async def run(p):
+        async def run(p, own):
             async with sem:
-                return await _one(client, url, model, p, max_tokens, extra)
+                return await _one(client, url, model, p, max_tokens, extra | own)
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(run(p) for p in prompts))
+        results = await asyncio.gather(*(run(p, own) for p, own in zip(prompts, per_prompt or [{}] * len(prompts))))
         return list(results), time.perf_counter() - t0
 
 
@@ -83,24 +84,26 @@ def _summary(concurrency: int, results: list[dict], wall: float) -> dict:
 
 
 def bench_endpoint(url: str, model: str, prompts: list, max_tokens: int, levels: list[int],
-                   variants: list[tuple[str, dict]]) -> list[dict]:
+                   variants: list[tuple[str, dict]], per_prompt: list[dict] | None = None) -> list[dict]:
     """Every variant (label, request extension) closed loop at every concurrency level, after one
     warm-up request each.  At each level the prompts are cut into chunks of at least 2 x level and
     the variants take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
     machine falls on every variant alike (a level whose prompts fit in one chunk runs the variants
-    one after another).  A prompt is a user message, or a list of chat messages.  Returns one row
-    per variant and level, variant by variant."""
+    one after another).  A prompt is a user message, or a list of chat messages; ``per_prompt``: what
+    each prompt's body carries besides (its ``response_format``).  Returns one row per variant and
+    level, variant by variant."""
     url = url.rstrip("/")
     if url.endswith("/v1"):
         url = url[:-3]
     for _, extra in variants:
-        asyncio.run(_run(url, model, prompts[:1], 8, 1, extra))
+        asyncio.run(_run(url, model, prompts[:1], 8, 1, extra, (per_prompt or [{}])[:1]))
     rows: dict[tuple[int, int], dict] = {}
     for c in levels:
         got: list[tuple[list[dict], float]] = [([], 0.0) for _ in variants]
         for part, order in turns(len(prompts), c, len(variants)):
             for v in order:
-                results, wall = asyncio.run(_run(url, model, prompts[part], max_tokens, c, variants[v][1]))
+                results, wall = asyncio.run(_run(url, model, prompts[part], max_tokens, c, variants[v][1],
+                                                 per_prompt[part] if per_prompt else None))
                 got[v] = (got[v][0] + results, got[v][1] + wall)
         for v, (label, _) in enumerate(variants):
             rows[(v, c)] = _summary(c, *got[v]) | {"label": label or url, "endpoint": url}

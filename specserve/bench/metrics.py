@@ -62,7 +62,7 @@ def draft_sizes(recs: list[dict]) -> dict:
             "measured_over_predicted_p50": percentile(ratios, 50), "measured_over_predicted_p90": percentile(ratios, 90)}
 
 
-TIME_PARTS = ("draft", "size", "pass", "verify", "commit", "other")   # RequestStats' timers, summing to total_s
+TIME_PARTS = ("draft", "size", "pass", "verify", "shape", "commit", "other")   # RequestStats' timers, summing to total_s
 
 
 def time_share(recs: list[dict], key: str) -> float:

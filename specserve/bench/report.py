@@ -18,7 +18,8 @@ def _pct(x: float | None) -> str:
 
 def render_report(doc: dict) -> str:
     """report.md: the run's setting and roofline, then each table the document has data for."""
-    lines = _head(doc) + _overall_table(doc) + _draft_size_table(doc) + _learned(doc) + _group_table(doc)
+    lines = _head(doc) + _overall_table(doc) + _structured_table(doc) + _draft_size_table(doc) + _learned(doc)
+    lines += _group_table(doc)
     lines += _concurrency_table(doc) + _cost_section(doc) + _peer_table(doc)
     if doc.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in doc["plots"]]
@@ -66,6 +67,22 @@ def _overall_table(doc: dict) -> list[str]:
                      f"{_ms(o['ttft_s']['p50'])}/{_ms(o['ttft_s']['p90'])} | "
                      f"{_ms(o['tpot_s']['p50'])}/{_ms(o['tpot_s']['p90'])} | {o['e2e_s']['p50']:.2f}/{o['e2e_s']['p99']:.2f} | "
                      f"{shares} | " + (f"{o['divergent_prompts']}/{o['requests']} |" if not sampled else "- (sampled) |"))
+    return lines
+
+
+def _structured_table(doc: dict) -> list[str]:
+    """Prompts with a response format: outputs valid under their schema, and the forced tokens drafted."""
+    rows = [(label, s["overall"]) for label, s in doc["summary"].items()]
+    if not any(o.get("constrained") for _, o in rows):
+        return []
+    lines = ["", "## Structured outputs (prompts with a response format)", "",
+             "Valid: the output parses and validates against its schema (`json`, `jsonschema`); a method named "
+             "`...:grammar=off` decodes the same prompts without their grammar. Forced: tokens the grammar forced, "
+             "drafted for free (accepted / drafted).", "",
+             "| method | valid | forced tokens accepted / drafted |", "|---|---|---|"]
+    for label, o in rows:
+        valid = f"{o['valid']}/{o['constrained']}" if o.get("constrained") else "- (no grammar)"
+        lines.append(f"| {label} | {valid} | {o.get('forced_accepted', 0)} / {o.get('forced_tokens', 0)} |")
     return lines
 
 
@@ -352,13 +369,15 @@ def render_endpoint_report(doc: dict) -> str:
              + (" Every request starts with the same system message (--system-prompt)." if cfg.get("system_prompt")
                 else ""), "",
              "| variant | concurrency | completed | req/s | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | "
-             "ITL p50/p99 ms | ITL p99/p50 | E2E p50/p99 s | prompt tokens cached | same text as baseline |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ITL p50/p99 ms | ITL p99/p50 | E2E p50/p99 s | prompt tokens cached | same text as baseline | "
+             "valid structured outputs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["endpoint"]:
         lines.append(f"| {r['label']} | {r['concurrency']} | {r['completed']}/{r['requests']} | "
                      f"{r['request_throughput']:.3f} | {r['output_tok_s']:.1f} | "
                      f"{_ms(r['ttft_s']['p50'])}/{_ms(r['ttft_s']['p99'])} | {_ms(r['tpot_s']['p50'])}/{_ms(r['tpot_s']['p99'])} | "
                      f"{_ms(r['itl_s']['p50'])}/{_ms(r['itl_s']['p99'])} | {r['itl_s']['p99'] / r['itl_s']['p50']:.1f} | "
                      f"{r['e2e_s']['p50']:.2f}/{r['e2e_s']['p99']:.2f} | {r.get('cached_prompt_tokens', 0)} | "
-                     f"{r['same_text_as_baseline']}/{r['requests']} |")
+                     f"{r['same_text_as_baseline']}/{r['requests']} | "
+                     + (f"{r['valid']}/{r['constrained']} |" if r.get("constrained") else "- |"))
     return "\n".join(lines) + "\n"

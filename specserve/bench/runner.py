@@ -23,6 +23,7 @@ from pathlib import Path
 
 from specserve.bench.datasets import rotation, sample, turns
 from specserve.bench.metrics import speedups, summarize
+from specserve.bench.structured import grammars, valid
 from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
@@ -38,11 +39,14 @@ class Method:
     k: int | str = 0                            # a number, or "auto"
     options: dict = field(default_factory=dict)
     label: str = ""
+    grammar: bool = True                        # follow the prompts' response formats (``:grammar=off``: ignore them)
 
     @classmethod
     def parse(cls, text: str) -> "Method":
-        spec = DrafterSpec.parse(text)
-        return cls(spec.name, spec.k, spec.options, spec.label)
+        parts = text.split(":")
+        grammar = "grammar=off" not in parts
+        spec = DrafterSpec.parse(":".join(p for p in parts if p != "grammar=off"))
+        return cls(spec.name, spec.k, spec.options, spec.label + ("" if grammar else ":grammar=off"), grammar)
 
 
 @dataclass
@@ -116,6 +120,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
         raise SpecserveError("concurrency levels must be >= 1")
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
               max_batch=1, max_len=MAX_LEN)
+    cfg_grammars = grammars(llm, prompts)
     chat = llm.tokenizer.hf.chat_template is not None       # a base model's file may have no chat template
     ids = [llm.encode(p.text, raw=not chat) for p in prompts]
     doc = _header(cfg, llm.target, chat)
@@ -123,7 +128,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     print("cost curve", file=sys.stderr)                     # 2.
     doc["cost_curve"] = cost_curve(llm.target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []
     doc["memory"] = {"drafters": [], "phases": "warm" if cfg.warm_phases else "fresh"}
-    records = _every_method(llm, methods, prompts, ids, cfg, doc["memory"])  # 3.
+    records = _every_method(llm, methods, prompts, ids, cfg, doc["memory"], cfg_grammars)  # 3.
     # what each drafter reports after the run (a corpus, learned rates; a calibration from start-up)
     described = llm.describe_drafters()
     doc["drafters"] = {m.label: described[m.label] for m in methods}
@@ -139,10 +144,13 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
                     for m in methods}
         else:
             runs = _concurrency_level(llm, methods, ids[:n_conc], level, cfg.max_tokens, cfg.sampling,
-                                      doc["memory"], cfg.warm_phases)
+                                      doc["memory"], cfg.warm_phases, cfg_grammars[:n_conc])
         doc["concurrency"] += [_concurrency_row(m.label, level, *runs[m.label]) for m in methods]
         _checkpoint(doc, cfg.out)
-    _predicted(llm, methods, ids[:n_conc], records[methods[0].label][:n_conc], doc, cfg)
+    if any(cfg_grammars):
+        doc["not_predicted"] = {m.label: "the advisor replays free text, not a grammar" for m in methods[1:]}
+    else:
+        _predicted(llm, methods, ids[:n_conc], records[methods[0].label][:n_conc], doc, cfg)
     doc["peers"] = run_peers(cfg, llm.target.path, ids, records[methods[0].label], llm.tokenizer)   # 5.
     _checkpoint(doc, cfg.out)
     _write_files(doc, cfg)                                   # 6.
@@ -207,20 +215,25 @@ def _fresh(llm, memory: dict) -> None:
 
 
 def _every_method(llm, methods: list[Method], prompts, ids: list[list[int]], cfg: BenchConfig,
-                  memory: dict) -> dict[str, list[dict]]:
+                  memory: dict, grammar: list) -> dict[str, list[dict]]:
     """3. Every method at concurrency 1 (warm-up first: one short run of each; then drafters with
     memory across requests start empty).  Methods are interleaved prompt by prompt, in an order
     rotated from one prompt to the next, so that a slow spell of a shared machine falls on every
-    method alike instead of on one of them.  Returns per method its records, in prompt order."""
+    method alike instead of on one of them.  A prompt with a response format is decoded under its
+    grammar (``grammar``, per prompt), and its output checked (``valid``).  Returns per method its
+    records, in prompt order."""
     greedy = SamplingParams()
     for m in methods:
-        llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k)])
+        llm.engine.generate([llm.request(ids[0][:32], 8, greedy, m.label, m.k, grammar=grammar[0] if m.grammar else None)])
     _fresh(llm, memory)
     records: dict[str, list[dict]] = {m.label: [] for m in methods}
     for i, (p, pid) in enumerate(zip(prompts, ids)):
         for m in (methods[j] for j in rotation(len(methods), i)):
-            res = llm.engine.generate([llm.request(pid, cfg.max_tokens, cfg.sampling(i), m.label, m.k)])[0]
-            records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens})
+            g = grammar[i] if m.grammar else None
+            res = llm.engine.generate([llm.request(pid, cfg.max_tokens, cfg.sampling(i), m.label, m.k, grammar=g)])[0]
+            ok = valid(llm.tokenizer.decode(res.tokens), p.response_format) if g is not None else None
+            records[m.label].append(res.stats.to_dict() | {"prompt_id": p.id, "group": p.group, "tokens": res.tokens,
+                                                           "valid": ok})
         _progress("every method", i + 1, len(prompts))
     return records
 
@@ -235,7 +248,11 @@ def _summaries(methods: list[Method], records: dict[str, list[dict]], groups: li
         out[m.label] = {
             "synthetic": any(r["synthetic"] for r in recs),
             "overall": summarize(recs) | {"speedup": speedups(recs, base),
-                                          "divergent_prompts": sum(r["tokens"] != b["tokens"] for r, b in zip(recs, base))},
+                                          "divergent_prompts": sum(r["tokens"] != b["tokens"] for r, b in zip(recs, base)),
+                                          "constrained": sum(r.get("valid") is not None for r in recs),
+                                          "valid": sum(bool(r.get("valid")) for r in recs),
+                                          "forced_tokens": sum(r.get("forced_tokens", 0) for r in recs),
+                                          "forced_accepted": sum(r.get("forced_accepted", 0) for r in recs)},
             "groups": {g: summarize(rs) | {"speedup": speedups(rs, bs)} for g, (rs, bs) in by_group.items() if rs},
         }
     return out
@@ -264,7 +281,7 @@ def _write_files(doc: dict, cfg: BenchConfig) -> None:
 
 
 def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: int, max_tokens: int, sampling,
-                       memory: dict, warm: bool) -> dict[str, tuple[list[dict], float]]:
+                       memory: dict, warm: bool, grammar: list) -> dict[str, tuple[list[dict], float]]:
     """Every method through an engine of ``level`` rows, closed loop (drafters with memory across
     requests start empty unless ``warm``).  The prompts are cut into chunks of at least 2 x level,
     and the methods take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
@@ -284,7 +301,8 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
         for m in (methods[j] for j in order):
             t = time.perf_counter()
             recs = [r.stats.to_dict() for r in engines[m.label].generate(
-                [llm.request(ids[i], max_tokens, sampling(i), m.label, m.k) for i in range(len(ids))[part]])]
+                [llm.request(ids[i], max_tokens, sampling(i), m.label, m.k, grammar=grammar[i] if m.grammar else None)
+                 for i in range(len(ids))[part]])]
             recs_so_far, wall = out[m.label]
             out[m.label] = (recs_so_far + recs, wall + time.perf_counter() - t)
         _progress(f"concurrency {level}", c + 1, len(plan))
@@ -338,12 +356,17 @@ def run_endpoint_bench(cfg: BenchConfig, url: str, model: str, methods: list[str
     from specserve.bench.report import render_endpoint_report
 
     prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
-    texts = [p.text for p in prompts][: cfg.concurrency_prompts or len(prompts)]
+    prompts = prompts[: cfg.concurrency_prompts or len(prompts)]
+    texts = [p.text for p in prompts]
+    formats = [{"response_format": p.response_format} if p.response_format else {} for p in prompts]
     if cfg.system_prompt is not None:
         texts = [[{"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": t}] for t in texts]
     variants = [(m.label, {"speculative": {"drafter": m.drafter, "num_draft": m.k}}) for m in map(Method.parse, methods)] \
         or [("default", {})]
-    rows = bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), variants)
+    rows = bench_endpoint(url, model, texts, cfg.max_tokens, sorted(set(cfg.concurrency)), variants, formats)
+    for r in rows:       # every structured output checked
+        checked = [valid(t, p.response_format) for t, p in zip(r["texts"], prompts) if p.response_format and t is not None]
+        r["valid"], r["constrained"] = sum(bool(v) for v in checked), len(checked)
     doc = {"config": vars(cfg) | {"command": " ".join(sys.argv), "endpoint": url, "endpoint_model": model},
            "machine": {"python": platform.python_version(), "platform": platform.platform(),
                        "cpus": os.cpu_count()},

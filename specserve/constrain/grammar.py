@@ -50,6 +50,26 @@ class GrammarSpec:
             raise SpecserveError(f"a {self.kind} grammar needs its source", "response_format")
 
 
+def from_response_format(rf) -> GrammarSpec | None:
+    """OpenAI's ``response_format`` object (a dict, as sent) as a ``GrammarSpec``; None for ``text``.
+    The extension types: ``{"type": "regex", "regex": ...}`` and ``{"type": "grammar", "grammar": ...}``."""
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise SpecserveError("response_format must be an object with a 'type'", "response_format")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+            raise SpecserveError("response_format json_schema needs json_schema.schema, an object", "response_format")
+        return GrammarSpec("json_schema", json.dumps(js["schema"]), js.get("strict") is not False)
+    if kind in ("regex", "grammar"):
+        if not isinstance(rf.get(kind), str) or not rf[kind]:
+            raise SpecserveError(f"response_format {kind} needs the field {kind!r}, a string", "response_format")
+        return GrammarSpec(kind, rf[kind])
+    return GrammarSpec(kind)          # json_object; an unknown type is refused by GrammarSpec
+
+
 class Grammar:
     """A compiled grammar: ``matcher()`` gives a fresh per-request state."""
 
@@ -100,6 +120,16 @@ def allowed(bitmask: Tensor, vocab_size: int) -> Tensor:
     shifts = torch.arange(32, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1                                  # [R, W, 32]
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_mask(logits: Tensor, bitmask: Tensor) -> None:
+    """logits: float32 [R, V], contiguous; every token its bitmask row forbids set to -inf, in place
+    (xgrammar's kernel; ``allowed`` + ``masked_fill`` is the slow reference, equal bit for bit)."""
+    import xgrammar as xgr
+    if logits.device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+    else:
+        logits.masked_fill_(~allowed(bitmask, logits.shape[-1]).to(logits.device), float("-inf"))
 
 
 class GrammarCompiler:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specserve.constrain.grammar import Grammar, allowed
+from specserve.constrain.grammar import Grammar, apply_mask
 from specserve.constrain.penalties import path_counts, penalise
 from specserve.constrain.tree import Shaped, masks, shape
 from specserve.sampling import SamplingParams
@@ -59,12 +59,12 @@ class Shaper:
     def apply(self, logits: Tensor, tokens: list[int], parents: list[int]) -> Tensor:
         """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]."""
         sp = self.sampling
-        out = logits.float()
         if sp.penalised:
             pc = path_counts(paths_of(tokens, parents), self.vocab)
-            out = penalise(out, (self.counts + pc).to(out.device), (self.seen | (pc > 0)).to(out.device),
+            out = penalise(logits, (self.counts + pc).to(logits.device), (self.seen | (pc > 0)).to(logits.device),
                            sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
+        else:
+            out = logits.float().clone()
         if self.matcher is not None and not self.matcher.terminated:
-            ok = allowed(masks(self.matcher, tokens, parents), self.vocab).to(out.device)
-            out = out.masked_fill(~ok, float("-inf"))
+            apply_mask(out, masks(self.matcher, tokens, parents))
         return out

@@ -1,13 +1,85 @@
-"""A sequence's draft under its grammar: the shaper's verdict (``specserve.constrain.tree``) applied to
-a ``DraftProposal``: forbidden nodes out, forced chains appended as the proposal's last nodes
-(``DraftProposal.forced``), one-hot where the proposal carries q rows, confidence 1."""
+"""What the engine does for grammars, penalties and logprobs, by phase of a step.
+
+3b. ``constrain``: each grammar-bound draft as the grammar allows it (``under_grammar``: the
+shaper's verdict, ``specserve.constrain.tree``, applied to a ``DraftProposal``: forbidden nodes out,
+forced chains appended as the proposal's last nodes, ``DraftProposal.forced``, one-hot where the
+proposal carries q rows, confidence 1).  8. ``shape_logits``: the pass's rows of each sequence
+shaped (penalties from each node's own path, the grammar's masks), the raw rows kept for logprobs.
+9. ``commit``: committed tokens into the sequence, its shaper and its logprobs; ``score_prompt``: a
+prompt chunk's logprobs.  Nothing here changes the KV cache.
+"""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from specserve.constrain import Shaper
+from specserve.control import Slot
 from specserve.drafters.base import DraftProposal
+from specserve.engine.faults import PLAIN
+from specserve.engine.types import MAX_DRAFT, Sequence, TokenLogprob
+from specserve.sampling import logprobs_of, sample
+
+
+def attach(s: Sequence, vocab: int) -> None:
+    """A new sequence's shaper (a grammar or a penalty) and logprob lists, where its request asks."""
+    req = s.request
+    if Shaper.needed(req.grammar, req.sampling):
+        s.shaper = Shaper(req.grammar, req.sampling, req.prompt, vocab)
+    s.logprobs = [] if req.logprobs is not None else None
+    s.prompt_logprobs = [None] if req.prompt_logprobs is not None else None
+
+
+def first_token(s: Sequence, row: Tensor) -> int:
+    """The first generated token, sampled from the prompt's last logits row ([1, V]) as shaped."""
+    shaped = s.shaper.apply(row, [], []) if s.shaper is not None else row
+    return int(sample(shaped[0], s.request.sampling, s.generator))
+
+
+def constrain(decoding: list[Sequence], slots: list[Slot], proposals: dict[int, DraftProposal]) -> None:
+    """Each grammar-bound draft pruned to what its grammar allows, with the forced chains added when
+    the request speculates (a drafter that drafts, a draft size other than 0)."""
+    for s, slot in zip(decoding, slots):
+        if s.shaper is None or s.shaper.matcher is None:
+            continue
+        prop = proposals[s.seq_id]
+        jump = slot.num_draft != 0 and s.drafter is not PLAIN and s.drafter.max_auto_draft > 0
+        proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
+
+
+def shape_logits(decoding: list[Sequence], proposals: dict[int, DraftProposal], offsets: list[int],
+                 lengths: list[int], logits: Tensor) -> dict[int, Tensor]:
+    """Shape, in place, the rows of every sequence with a shaper (sequence i: ``logits`` [M, V] rows
+    offsets[i] .. + lengths[i]); returns, for sequences that asked for logprobs, their raw rows."""
+    raw = {}
+    for s, at, n in zip(decoding, offsets, lengths):
+        if s.logprobs is not None:
+            raw[s.seq_id] = logits[at:at + n].clone()
+        if s.shaper is not None:
+            prop = proposals[s.seq_id]
+            logits[at:at + n] = s.shaper.apply(logits[at:at + n], prop.tokens, prop.parent_list())
+    return raw
+
+
+def commit(s: Sequence, tokens: list[int], raw: Tensor | None, rows: list[int]) -> None:
+    """Commit ``tokens`` (``Sequence.commit``); the shaper advances by those committed, and each gets
+    its logprobs from ``raw`` (raw logits rows; token j's position is row ``rows[j]``)."""
+    n = s.commit(tokens)
+    if s.shaper is not None:
+        s.shaper.commit(tokens[:n])
+    if raw is not None and n:
+        s.logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in
+                       zip(tokens[:n], logprobs_of(raw[rows[:n]], tokens[:n], s.request.logprobs))]
+
+
+def score_prompt(s: Sequence, start: int, rows: Tensor) -> None:
+    """A scored prompt chunk at prompt position ``start``: rows [n, V] predict positions start + 1 ..."""
+    prompt = s.request.prompt
+    m = min(len(rows), len(prompt) - start - 1)
+    toks = prompt[start + 1:start + 1 + m]
+    s.prompt_logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in
+                          zip(toks, logprobs_of(rows[:m], toks, s.request.prompt_logprobs))]
 
 
 def drawn_nodes(prop: DraftProposal) -> list[bool]:

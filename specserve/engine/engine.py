@@ -26,21 +26,20 @@ import torch
 from torch import Tensor
 
 from specserve.control import AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, cost_model, plan_chunks
-from specserve.constrain import Shaper
 from specserve.control.measure import identity
 from specserve.drafters.base import DraftProposal, Drafter, Feedback
-from specserve.engine.constrained import under_grammar
+from specserve.engine.checks import check_request
+from specserve.engine.constrained import attach, commit, constrain, first_token, score_prompt, shape_logits
 from specserve.engine.drafting import Drafting, traits_of
 from specserve.engine.faults import PLAIN, PassFailed
 from specserve.engine.layout import Chunk, Entry, PassLayout
 from specserve.engine.prefix import Prefixes
 from specserve.engine.rows import RowTable
-from specserve.engine.types import (MAX_DRAFT, MAX_LOGPROBS, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
+from specserve.engine.types import (MAX_DRAFT, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
                                     StepReport, StepTimes, TokenLogprob)
 from specserve.errors import SpecserveError
 from specserve.models.decoder import ForwardOutput
 from specserve.models.loader import LoadedModel
-from specserve.sampling import logprobs_of, sample
 from specserve.stats import RequestStats
 from specserve.verify import Outcome, Row, verify_rows
 
@@ -85,8 +84,8 @@ class Engine:
         them untouched until written, so a server's memory would grow for hours towards its fixed
         budget, like a leak); a server calls it before serving.  Returns the bytes made resident."""
         pool, cache = self.prefixes.pool, self.rows.cache
-        tensors = [cache.k_all, cache.v_all] + ([pool.k, pool.v] + ([pool.f] if pool.f is not None else [])
-                                                if pool is not None else [])
+        tensors = [cache.k_all, cache.v_all] + ([pool.k, pool.v, pool.f] if pool is not None else [])
+        tensors = [t for t in tensors if t is not None]
         for t in tensors:
             t.zero_()          # never read before written: zeros change no result
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -101,32 +100,7 @@ class Engine:
     # ------------------------------------------------------------------ what the scheduler may use
     def check(self, req: Request) -> None:
         """Refuse a request that cannot be served, before anything is allocated."""
-        if not req.prompt:
-            raise SpecserveError("empty prompt", "prompt")
-        least = 0 if req.prompt_logprobs is not None else 1       # scoring a prompt may generate nothing
-        if isinstance(req.max_tokens, bool) or not isinstance(req.max_tokens, int) or req.max_tokens < least:
-            raise SpecserveError(f"max_tokens must be >= {least}, got {req.max_tokens}", "max_tokens")
-        for name in ("logprobs", "prompt_logprobs"):
-            v = getattr(req, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS):
-                raise SpecserveError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {v!r}", name)
-        if len(req.prompt) + req.max_tokens > self.max_len:
-            raise SpecserveError(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds "
-                                 f"the context length {self.max_len}", "max_tokens")
-        if req.drafter not in self.drafters:
-            raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(self.drafters)}",
-                                 "drafter")
-        if req.num_draft != AUTO and (isinstance(req.num_draft, bool) or not isinstance(req.num_draft, int)
-                                      or not 0 <= req.num_draft <= MAX_DRAFT):
-            raise SpecserveError(f"num_draft must be 'auto' or in [0, {MAX_DRAFT}], got {req.num_draft!r}",
-                                 "num_draft")
-        vocab = self.target.config.vocab_size
-        if any(not 0 <= t < vocab for t in req.prompt):
-            raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")
-        if req.grammar is not None and req.grammar.vocab_size != vocab:
-            raise SpecserveError(f"the grammar was compiled for {req.grammar.vocab_size} tokens, the model has "
-                                 f"{vocab}", "response_format")
-        self.drafters[req.drafter].validate(req.sampling)
+        check_request(req, self.max_len, self.drafters, self.target.config.vocab_size)
 
     @property
     def free_capacity(self) -> int:
@@ -179,10 +153,8 @@ class Engine:
                              auto=req.num_draft == AUTO, drafter_faults=int(drafter is PLAIN))
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter(),
-                       drafter=drafter, logprobs=[] if req.logprobs is not None else None,
-                       prompt_logprobs=[None] if req.prompt_logprobs is not None else None)
-        if Shaper.needed(req.grammar, req.sampling):
-            seq.shaper = Shaper(req.grammar, req.sampling, req.prompt, self.target.config.vocab_size)
+                       drafter=drafter)
+        attach(seq, self.target.config.vocab_size)     # its shaper and logprob lists, where asked for
         scored = req.prompt_logprobs is not None        # every prompt position's logits: nothing reused
         match = None if scored else self.prefixes.match(req.prompt, bool(drafter.feature_layers))
         if match is not None:
@@ -239,7 +211,7 @@ class Engine:
         proposals = self.drafting.propose(decoding, slots, plan, times)
         clock.lap()
         # 3b. grammar: the drafts it forbids out, the tokens it forces in (free drafts, priced by keep)
-        self._constrain(decoding, slots, proposals)
+        constrain(decoding, slots, proposals)
         times.shape_s += clock.lap()
         # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
         predicted = self.controller.keep(slots, proposals, plan)
@@ -256,10 +228,9 @@ class Engine:
             times.pass_s = clock.lap()
             if not chunks:                 # the cost model's correction learns from decoding passes only
                 self.controller.observe_pass(threads, layout.decode_lengths, layout.decode_starts, times.pass_s)
-            # 8. shape: each row's logits under its penalties and grammar, at every node from its own
-            #    path (the raw logprobs asked for are read first); then verify: greedy rows by argmax,
-            #    sampled rows by (recursive) rejection sampling
-            raw = self._shape_logits(decoding, proposals, layout, out)
+            # 8. shape each row's logits (penalties, grammar) from every node's own path, the raw rows kept for
+            #    logprobs; verify: greedy rows by argmax, sampled rows by (recursive) rejection sampling
+            raw = shape_logits(decoding, proposals, layout.offsets, layout.lengths, out.logits)
             times.shape_s += clock.lap()
             outcomes = self._verify(decoding, proposals, layout, out)
             times.verify_s = clock.lap()
@@ -279,30 +250,6 @@ class Engine:
         depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
         num_draft = 0 if s.drafter is PLAIN else s.request.num_draft    # after a fault: plain decoding
         return Slot(s.seq_id, s.request.drafter, num_draft, self.rows.length(s.row), depth)
-
-    def _constrain(self, decoding: list[Sequence], slots: list[Slot], proposals: dict[int, DraftProposal]) -> None:
-        """Each grammar-bound draft pruned to what its grammar allows, with the forced chains added
-        when the request speculates (a drafter that drafts, a draft size other than 0)."""
-        for s, slot in zip(decoding, slots):
-            if s.shaper is None or s.shaper.matcher is None:
-                continue
-            prop = proposals[s.seq_id]
-            jump = slot.num_draft != 0 and s.drafter.max_auto_draft > 0
-            proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
-
-    def _shape_logits(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], layout: PassLayout,
-                      out: ForwardOutput) -> dict[int, Tensor]:
-        """Shape (in place) the logits rows of every sequence with a shaper; returns, for sequences that
-        asked for logprobs, their rows' raw logits as they were (row 0: the pending token's)."""
-        raw = {}
-        for i, s in enumerate(decoding):
-            at, n = layout.offsets[i], layout.lengths[i]
-            if s.logprobs is not None:
-                raw[s.seq_id] = out.logits[at:at + n].clone()
-            if s.shaper is not None:
-                prop = proposals[s.seq_id]
-                out.logits[at:at + n] = s.shaper.apply(out.logits[at:at + n], prop.tokens, prop.parent_list())
-        return raw
 
     def _drop_pass(self, seqs: list[Sequence], error: Exception) -> PassFailed:
         """The pass of ``seqs`` failed: drop them (rows freed, drafters and controller told)."""
@@ -354,16 +301,14 @@ class Engine:
             prop, at = proposals[s.seq_id], layout.offsets[i]
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.rows.keep_path(s.row, kept)
-            s.stats.record_step(len(prop), prop.depth, len(o.path))
+            s.stats.record_step(len(prop), prop.depth, len(o.path), prop.forced, sum(n >= prop.own for n in o.path))
             drafter = s.drafter
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
                       if drafter.wants_predictions else None)
             own, own_path = prop.drafted(o.path)           # the drafter hears of its own nodes only
             feedback.append((s, Feedback(s.seq_id, own, own_path, o.tokens, feats, argmax)))
-            s.stats.forced_tokens += prop.forced
-            s.stats.forced_accepted += sum(1 for n in o.path if n >= prop.own)
-            self._commit(s, o.tokens, raw.get(s.seq_id), kept)
+            commit(s, o.tokens, raw.get(s.seq_id), kept)
         return feedback
 
     def _commit_prompts(self, chunks: list[tuple[Sequence, int]], layout: PassLayout,
@@ -372,18 +317,13 @@ class Engine:
         chunk this was samples its first token and starts decoding.  Its drafter's feedback."""
         feedback = []
         for j, (s, n) in enumerate(chunks):
-            drafter = s.drafter
-            at = layout.chunk_offset(j)
+            drafter, at = s.drafter, layout.chunk_offset(j)
             feats = {layer: f[at:at + n] for layer, f in out.features.items()}
             for layer in drafter.feature_layers:
                 s.prompt_feats.setdefault(layer, []).append(feats[layer].clone())
             start = s.prefilled
-            if s.prompt_logprobs is not None:           # rows predict prompt positions start + 1 ...
-                m = min(n, len(s.request.prompt) - start - 1)
-                rows = out.logits[layout.scored[j]:layout.scored[j] + m]
-                s.prompt_logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in zip(
-                    s.request.prompt[start + 1:start + 1 + m],
-                    logprobs_of(rows, s.request.prompt[start + 1:start + 1 + m], s.request.prompt_logprobs))]
+            if s.prompt_logprobs is not None:
+                score_prompt(s, start, out.logits[layout.scored[j]:layout.scored[j] + n])
             self.rows.extend(s.row, n)
             s.prefilled += n
             s.blocks = self.prefixes.store(s.blocks, s.tokens, self.rows.views(s.row), start, s.prefilled, feats)
@@ -395,24 +335,13 @@ class Engine:
             if s.request.max_tokens == 0:            # a scored prompt that asks for no token
                 s.finish("length")
                 continue
-            shaped = s.shaper.apply(row, [], []) if s.shaper is not None else row
-            first = int(sample(shaped[0], s.request.sampling, s.generator))
+            first = first_token(s, row)
             prompt_feats = {layer: torch.cat(fs) for layer, fs in s.prompt_feats.items()}
             s.prompt_feats = {}
             feedback.append((s, Feedback(s.seq_id, DraftProposal([]), [], [first], prompt_feats)))
             s.state = State.DECODE
-            self._commit(s, [first], row if s.logprobs is not None else None, [0])
+            commit(s, [first], row if s.logprobs is not None else None, [0])
         return feedback
-
-    def _commit(self, s: Sequence, tokens: list[int], raw: Tensor | None, rows: list[int]) -> None:
-        """Commit ``tokens`` (``Sequence.commit``); the shaper advances by those committed, and each
-        gets its logprobs from ``raw`` (logits rows; token j's position is row ``rows[j]``)."""
-        n = s.commit(tokens)
-        if s.shaper is not None:
-            s.shaper.commit(tokens[:n])
-        if raw is not None and n:
-            s.logprobs += [TokenLogprob(t, lp, top) for t, (lp, top) in
-                           zip(tokens[:n], logprobs_of(raw[rows[:n]], tokens[:n], s.request.logprobs))]
 
     def _feed_back(self, feedback: list[tuple[Sequence, Feedback]], slots: list[Slot],
                    proposals: dict[int, DraftProposal], outcomes: list[Outcome], plan: StepPlan) -> None:
@@ -462,8 +391,7 @@ class Engine:
         """Run requests to completion, batching up to max_batch at a time; results in order."""
         for r in requests:
             self.check(r)
-        waiting = list(enumerate(requests))
-        ids: dict[int, int] = {}
+        waiting, ids = list(enumerate(requests)), {}
         while waiting or self._running:
             while waiting and self.has_capacity:
                 i, r = waiting.pop(0)

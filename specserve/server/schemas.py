@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specserve.constrain import GrammarSpec
+from specserve.constrain.grammar import from_response_format
 
 MAX_STOP = 4            # OpenAI's limit
 MAX_DRAFT = 32          # the engine's limit (specserve.engine.MAX_DRAFT)
@@ -48,13 +49,7 @@ class ResponseFormat(BaseModel):
 
     def spec(self) -> GrammarSpec | None:
         """The grammar asked for (None: free text); its compilation may still refuse it."""
-        import json
-        if self.type == "text":
-            return None
-        if self.type == "json_schema":
-            js = self.json_schema
-            return GrammarSpec("json_schema", json.dumps(js.schema_), js.strict is not False)
-        return GrammarSpec(self.type, {"regex": self.regex, "grammar": self.grammar}.get(self.type) or "")
+        return from_response_format(self.model_dump(by_alias=True, exclude_none=True))
 
 
 class StreamOptions(BaseModel):
