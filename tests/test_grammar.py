@@ -302,3 +302,23 @@ def test_mask_kernel_equals_the_reference():
         fast = logits.clone()
         apply_mask(fast, bm)
         assert torch.equal(fast, logits.masked_fill(~allowed(bm, vocab), float("-inf")))
+
+
+def test_greedy_rows_masked_only_where_the_argmax_is_forbidden(vocab):
+    """A greedy shaper's rows have the argmax of the fully masked rows (rows whose argmax the grammar
+    allows are left unmasked); a sampled shaper's rows are the fully masked rows."""
+    from specserve.constrain import Shaper
+    from specserve.constrain.grammar import apply_mask
+    comp, pieces, ix = vocab
+    g = comp.compile(GrammarSpec("json_schema", json.dumps(TINY_SCHEMA)))
+    tokens, parents = [ix['{"'], ix["name"], ix['":"'], ix["a"]], [-1, 0, 1, 2]
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(20):
+        logits = torch.randn(5, VOCAB, generator=gen) * 3
+        logits[trial % 5, ix["a"]] += 10 * (trial % 2)          # some rows' argmax allowed, some not
+        full = logits.clone()
+        apply_mask(full, masks(g.matcher(), tokens, parents))
+        greedy = Shaper(g, SamplingParams(), [1], VOCAB).apply(logits, tokens, parents)
+        assert torch.equal(greedy.argmax(-1), full.argmax(-1))
+        sampled = Shaper(g, SamplingParams(1.0), [1], VOCAB).apply(logits, tokens, parents)
+        assert torch.equal(sampled, full)

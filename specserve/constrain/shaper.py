@@ -57,7 +57,10 @@ class Shaper:
         return shape(self.matcher, tokens, parents, drawn, room, max_depth, jump)
 
     def apply(self, logits: Tensor, tokens: list[int], parents: list[int]) -> Tensor:
-        """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]."""
+        """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]:
+        penalised, then masked by the grammar.  A greedy request's rows are read by their argmax alone,
+        and the mask leaves an allowed argmax where it is (the first maximum stays the first), so
+        they are masked only where the argmax is a token the grammar forbids there."""
         sp = self.sampling
         if sp.penalised:
             pc = path_counts(paths_of(tokens, parents), self.vocab)
@@ -65,6 +68,17 @@ class Shaper:
                            sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
         else:
             out = logits.float().clone()
-        if self.matcher is not None and not self.matcher.terminated:
-            apply_mask(out, masks(self.matcher, tokens, parents))
+        if self.matcher is None or self.matcher.terminated:
+            return out
+        bitmask = masks(self.matcher, tokens, parents)
+        if not sp.greedy:
+            apply_mask(out, bitmask)
+            return out
+        top = out.argmax(-1).cpu()                                                    # [N + 1]
+        ok = (bitmask[torch.arange(len(top)), top // 32] >> (top % 32)) & 1
+        bad = (ok == 0).nonzero().flatten()
+        if len(bad):
+            rows = out[bad.to(out.device)]
+            apply_mask(rows, bitmask[bad])
+            out[bad.to(out.device)] = rows
         return out
