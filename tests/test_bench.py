@@ -68,7 +68,8 @@ def test_time_shares_and_records_from_before_the_timers():
     from specserve.bench.metrics import TIME_PARTS, summarize, time_share
     from specserve.bench.report import render_report
 
-    timers = {"draft_s": 0.1, "size_s": 0.05, "pass_s": 0.6, "verify_s": 0.1, "commit_s": 0.05, "other_s": 0.1}
+    timers = {"draft_s": 0.1, "size_s": 0.05, "pass_s": 0.6, "verify_s": 0.1, "shape_s": 0.0, "commit_s": 0.05,
+              "other_s": 0.1}
     new = [rec(1.0, 0.1, 10, drafted=[4], accepted=[2], passes=4, times=[0.1, 0.5, 1.0]) | timers,
            rec(3.0, 0.2, 10, drafted=[4], accepted=[2], passes=4, times=[0.2, 3.0]) | {k: 3 * v for k, v in timers.items()}]
     assert time_share(new, "pass_s") == pytest.approx(0.6) and time_share(new, "size_s") == pytest.approx(0.05)
