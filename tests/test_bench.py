@@ -88,7 +88,7 @@ def test_time_shares_and_records_from_before_the_timers():
            "summary": {"none": {"synthetic": False, "overall": overall, "groups": {}}}}
     row = next(line for line in render_report(doc).splitlines() if line.startswith("| none |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[-7:] == ["10", "-", "-", "10", "-", "-", "0/2"]      # draft, size, pass, verify, commit, other
+    assert cells[-8:] == ["10", "-", "-", "10", "-", "-", "-", "0/2"]    # draft, size, pass, verify, shape, commit, other
 
 
 def test_prompt_file_categories_are_the_groups(tmp_path):
