@@ -15,16 +15,8 @@ from torch import Tensor
 
 from specserve.constrain.grammar import Grammar, apply_mask
 from specserve.constrain.penalties import path_counts, penalise
-from specserve.constrain.tree import Shaped, masks, shape
+from specserve.constrain.tree import Shaped, masks, paths_of, shape
 from specserve.sampling import SamplingParams
-
-
-def paths_of(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
-    """Each node's token path below the root."""
-    out: list[tuple[int, ...]] = []
-    for t, p in zip(tokens, parents):
-        out.append((out[p] if p >= 0 else ()) + (t,))
-    return out
 
 
 class Shaper:

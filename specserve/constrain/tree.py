@@ -51,6 +51,14 @@ def children_of(parents: list[int]) -> list[list[int]]:
     return kids
 
 
+def paths_of(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
+    """Each node's token path below the root (a node's identity across proposals)."""
+    out: list[tuple[int, ...]] = []
+    for t, p in zip(tokens, parents):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return out
+
+
 def single_token(row: Tensor) -> int | None:
     """The token a bitmask row ([W] int32) allows when it allows exactly one, else None."""
     nz = torch.nonzero(row).flatten()
@@ -108,7 +116,7 @@ def masks(matcher: Matcher, tokens: list[int], parents: list[int]) -> Tensor:
     """int32 [N + 1, W]: row 0 the tokens allowed after the root, row i + 1 after node i's path (all
     allowed for a forbidden node, one below it or one after an end of text).  The matcher is left at the root's state."""
     kids = children_of(parents)
-    bitmask = torch.full((len(tokens) + 1, (matcher.vocab_size + 31) // 32), -1, dtype=torch.int32)
+    bitmask = new_bitmask(len(tokens) + 1, matcher.vocab_size).fill_(-1)           # all allowed
 
     def visit(node: int) -> None:
         if matcher.terminated:                           # after an end of text: never read

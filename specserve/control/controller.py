@@ -241,8 +241,8 @@ class Controller:
         for s in slots:
             if not s.auto:
                 continue
-            if proposals[s.seq_id].own:
-                own = proposals[s.seq_id].own
+            own = proposals[s.seq_id].own
+            if own:
                 self.kept[(s.seq_id, s.drafter)] = sum(1 for n in keep[s.seq_id] if n < own)
             if s.seq_id in merged:
                 self._part_kept(s, merged[s.seq_id], keep[s.seq_id], plan, step_rate)

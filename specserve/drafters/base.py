@@ -44,6 +44,7 @@ from typing import Any, Callable, ClassVar, get_type_hints
 import torch
 from torch import Tensor
 
+from specserve.constrain.tree import paths_of
 from specserve.sampling import SamplingParams
 
 REQUIRED = object()      # the default of an option that must be given
@@ -150,10 +151,7 @@ class DraftProposal:
 
     def paths(self) -> list[tuple[int, ...]]:
         """Each node's token path below the pending token (a node's identity across proposals)."""
-        out: list[tuple[int, ...]] = []
-        for t, p in zip(self.tokens, self.parent_list()):
-            out.append((out[p] if p >= 0 else ()) + (t,))
-        return out
+        return paths_of(self.tokens, self.parent_list())
 
     @property
     def depth(self) -> int:

@@ -40,15 +40,9 @@ class ResponseFormat(BaseModel):
     regex: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR)
     grammar: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR)
 
-    @model_validator(mode="after")
-    def _complete(self):
-        need = {"json_schema": self.json_schema, "regex": self.regex, "grammar": self.grammar}
-        if self.type in need and need[self.type] is None:
-            raise ValueError(f"type {self.type!r} needs the field {self.type!r}")
-        return self
-
     def spec(self) -> GrammarSpec | None:
-        """The grammar asked for (None: free text); its compilation may still refuse it."""
+        """The grammar asked for (None: free text); ``from_response_format`` refuses a type without its
+        field, and compilation a source it cannot parse (both ``SpecserveError``, a 400)."""
         return from_response_format(self.model_dump(by_alias=True, exclude_none=True))
 
 
