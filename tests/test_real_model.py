@@ -223,3 +223,34 @@ def test_chunked_prefill_under_load_and_prefix_reuse_are_exact(llm, prompts, pla
     assert [busy.take_result(i).tokens for i in others] == plain[:3]
     again = busy.generate([Request(long, 32)])[0]
     assert again.tokens == refs["none"] and again.stats.cached_tokens == (len(long) - 1) // 16 * 16
+
+
+@pytest.fixture(scope="module")
+def schema_workload(llm):
+    """Four requests of the shipped schema workload (two tool calls, two extractions), compiled."""
+    from specserve.constrain.grammar import from_response_format
+    ps = load_jsonl("specserve/data/bench/structured.jsonl")
+    chosen = ps[:2] + ps[16:18]
+    return [(llm.encode(p.text), llm.grammar(from_response_format(p.response_format)), p.response_format)
+            for p in chosen]
+
+
+@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "random-draft", "eagle", "medusa", "suffix", "lookahead",
+                                  "layerskip", "auto"])
+def test_greedy_identity_under_a_json_schema(llm, drafters, schema_workload, name):
+    """Under each request's JSON Schema, every drafter (auto draft sizes, forced tokens drafted; a batch
+    of four) returns plain decoding's tokens under the same grammar, and every output validates; the forced
+    tokens were drafted."""
+    from specserve.bench.structured import valid
+    target, eos = llm.target, llm.tokenizer.eos_ids
+    plain_eng = Engine(target, {"none": create("none", target)}, max_batch=4, max_len=1024)
+    reqs = [dict(prompt=p, max_tokens=256, grammar=g, eos_ids=eos) for p, g, _ in schema_workload]
+    plain = plain_eng.generate([Request(**r) for r in reqs])
+    make = (lambda: create("auto", target)) if name == "auto" else drafters[name]
+    outs = Engine(target, {name: make()}, max_batch=4, max_len=1024).generate(
+        [Request(**r, drafter=name, num_draft="auto") for r in reqs])
+    assert [o.tokens for o in outs] == [o.tokens for o in plain]
+    for o, (_, _, rf) in zip(outs, schema_workload):
+        assert o.finish_reason == "stop" and valid(llm.tokenizer.decode(o.tokens), rf)
+    if name != "layerskip":        # its passes cost so much that the controller keeps no node, forced ones included
+        assert sum(o.stats.forced_tokens for o in outs) > 0

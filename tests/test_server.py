@@ -388,3 +388,49 @@ def test_bench_endpoint_against_our_server(server, tmp_path):
         assert row["same_text_as_baseline"] == 4
         assert row["ttft_s"]["p50"] > 0 and row["output_tok_s"] > 0
     assert "| ngram:k=4 | 2 |" in (tmp_path / "report.md").read_text()
+
+
+def test_structured_outputs_logprobs_echo_and_penalties(server, llm):
+    """response_format on both endpoints (valid JSON under the schema, the same greedy text with and
+    without speculation), logprobs with top_logprobs, echo scoring the prompt with max_tokens 0,
+    penalties, and a 400 naming the field for an invalid schema, regex or missing part."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}}
+    chat = {"model": "default", "messages": [{"role": "user", "content": "Weather in Oslo, in celsius, as JSON."}],
+            "max_tokens": 60, "temperature": 0, "response_format": rf, "logprobs": True, "top_logprobs": 2}
+    texts = []
+    for drafter in ("none", "ngram"):
+        r = httpx.post(server.url + "/v1/chat/completions", json=chat | {"speculative": {"drafter": drafter}}, timeout=60)
+        assert r.status_code == 200
+        choice = r.json()["choices"][0]
+        doc = json.loads(choice["message"]["content"])
+        assert set(doc) == {"city", "unit"} and doc["unit"] in ("celsius", "fahrenheit")
+        content = choice["logprobs"]["content"]
+        assert content and all(len(c["top_logprobs"]) == 2 and c["logprob"] <= 0 for c in content)
+        texts.append((choice["message"]["content"], [c["logprob"] for c in content]))
+    assert texts[0] == texts[1]
+    comp = {"model": "default", "prompt": "Hi", "max_tokens": 20, "temperature": 0,
+            "response_format": {"type": "regex", "regex": "(yes|no)"}}
+    r = httpx.post(server.url + "/v1/completions", json=comp, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no")
+    score = {"model": "default", "prompt": "The capital of France is Paris", "max_tokens": 0, "echo": True,
+             "logprobs": 1}
+    r = httpx.post(server.url + "/v1/completions", json=score, timeout=60)
+    lp = r.json()["choices"][0]["logprobs"]
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == score["prompt"]
+    assert lp["token_logprobs"][0] is None and all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert "".join(lp["tokens"]) == score["prompt"] and len(lp["text_offset"]) == len(lp["tokens"])
+    pen = {"model": "default", "prompt": "a a a a a a", "max_tokens": 12, "temperature": 0}
+    free = httpx.post(server.url + "/v1/completions", json=pen, timeout=60).json()["choices"][0]["text"]
+    penalised = httpx.post(server.url + "/v1/completions", json=pen | {"frequency_penalty": 2.0,
+                                                                       "repetition_penalty": 1.5}, timeout=60)
+    assert penalised.status_code == 200 and penalised.json()["choices"][0]["text"] != free
+    for bad in ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}},
+                {"type": "regex", "regex": "(ab"}, {"type": "regex"}):
+        r = httpx.post(server.url + "/v1/completions", json=comp | {"response_format": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+        assert "\n" not in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", json=comp | {"max_tokens": 0}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
