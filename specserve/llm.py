@@ -110,7 +110,9 @@ class LLM:
 
     def reset_memory(self) -> list[str]:
         """Every loaded drafter forgets what it learnt across requests, as on a fresh server
-        (``Drafter.reset_memory``); the labels of those that had such memory."""
+        (``Drafter.reset_memory``), and the engine forgets how it saw the target spell forced text
+        (``Drafting.forget_spellings``); the labels of the drafters that had such memory."""
+        self.engine.drafting.forget_spellings()
         return [label for label, d in self._drafters.items() if d.reset_memory()]
 
     def describe_drafters(self) -> dict[str, dict]:

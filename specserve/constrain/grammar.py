@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from specserve.errors import SpecserveError
+from specserve.models import rowops
 
 KINDS = ("json_object", "json_schema", "regex", "grammar")
 SEPARATORS = (",", ":")
@@ -100,6 +101,10 @@ class Matcher:
         """bitmask: int32 [R, ceil(V / 32)]; row ``row`` gets the allowed next tokens."""
         self.m.fill_next_token_bitmask(bitmask, row)
 
+    def forced_text(self) -> str:
+        """The text the grammar forces next ('' when none is forced)."""
+        return self.m.find_jump_forward_string()
+
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (the longest vocabulary tokens covering the forced text;
         empty when the next text is not forced, or the grammar has ended)."""
@@ -123,13 +128,10 @@ def allowed(bitmask: Tensor, vocab_size: int) -> Tensor:
 
 
 def apply_mask(logits: Tensor, bitmask: Tensor) -> None:
-    """logits: float32 [R, V], contiguous; every token its bitmask row forbids set to -inf, in place
-    (xgrammar's kernel; ``allowed`` + ``masked_fill`` is the slow reference, equal bit for bit)."""
-    import xgrammar as xgr
-    if logits.device.type == "cpu":
-        xgr.apply_token_bitmask_inplace(logits, bitmask)
-    else:
-        logits.masked_fill_(~allowed(bitmask, logits.shape[-1]).to(logits.device), float("-inf"))
+    """logits: float32 [R, V], rows with contiguous entries; every token its bitmask row forbids set to
+    -inf, in place (the native kernel, else xgrammar's on the CPU; ``allowed`` + ``masked_fill`` is the
+    slow reference, equal bit for bit)."""
+    rowops.mask(logits, bitmask)
 
 
 class GrammarCompiler:

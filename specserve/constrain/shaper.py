@@ -15,13 +15,20 @@ from torch import Tensor
 
 from specserve.constrain.grammar import Grammar, apply_mask
 from specserve.constrain.penalties import path_counts, penalise
+from specserve.constrain.spelling import Spelling
 from specserve.constrain.tree import Shaped, masks, paths_of, shape
+from specserve.models import rowops
 from specserve.sampling import SamplingParams
 
 
 class Shaper:
-    def __init__(self, grammar: Grammar | None, sampling: SamplingParams, prompt: list[int], vocab_size: int):
+    def __init__(self, grammar: Grammar | None, sampling: SamplingParams, prompt: list[int], vocab_size: int,
+                 spelling: Spelling | None = None):
+        """``spelling``: where forced chains are drafted, how the target spells forced text (learnt
+        here from every committed token the grammar forced, and read when drafting)."""
         self.matcher = grammar.matcher() if grammar is not None else None
+        self.spelling = spelling if self.matcher is not None else None
+        self.last = prompt[-1] if prompt else -1                       # the last committed token
         self.sampling, self.vocab = sampling, vocab_size
         self.counts = torch.zeros(vocab_size, dtype=torch.float32)     # generated tokens
         self.seen = torch.zeros(vocab_size, dtype=torch.bool)          # prompt and generated tokens
@@ -35,8 +42,13 @@ class Shaper:
     def commit(self, tokens: list[int]) -> None:
         """Committed tokens, in order (a token the grammar refuses is a bug upstream)."""
         for t in tokens:
-            if self.matcher is not None and not self.matcher.terminated and not self.matcher.accept(t):
-                raise RuntimeError(f"committed token {t} is outside the grammar")
+            if self.matcher is not None and not self.matcher.terminated:
+                text = self.matcher.forced_text() if self.spelling is not None else ""
+                if text:
+                    self.spelling.learn(self.last, text, t)
+                if not self.matcher.accept(t):
+                    raise RuntimeError(f"committed token {t} is outside the grammar")
+            self.last = t
         if self.sampling.penalised and tokens:
             idx = torch.tensor(tokens)
             self.counts.index_put_((idx,), torch.ones(len(tokens)), accumulate=True)
@@ -46,7 +58,7 @@ class Shaper:
               jump: bool) -> Shaped:
         if self.matcher is None or self.matcher.terminated:
             return Shaped(list(range(len(tokens))))
-        return shape(self.matcher, tokens, parents, drawn, room, max_depth, jump)
+        return shape(self.matcher, tokens, parents, drawn, room, max_depth, jump, self.last, self.spelling)
 
     def apply(self, logits: Tensor, tokens: list[int], parents: list[int]) -> Tensor:
         """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]:
@@ -66,7 +78,7 @@ class Shaper:
         if not sp.greedy:
             apply_mask(out, bitmask)
             return out
-        top = out.argmax(-1).cpu()                                                    # [N + 1]
+        top = rowops.argmax(out).cpu()                                                # [N + 1]
         ok = (bitmask[torch.arange(len(top)), top // 32] >> (top % 32)) & 1
         bad = (ok == 0).nonzero().flatten()
         if len(bad):

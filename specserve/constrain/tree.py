@@ -14,8 +14,9 @@ path from the root.  A node is *forbidden* when the grammar rejects its token in
   change the residual that recursive rejection samples from (max(0, p - q) renormalised, not p), and
   with it the output distribution.  It is rejected with certainty, since p is 0 at its token;
 - at every kept node none of whose children the grammar allows (the root included), the tokens the
-  grammar forces next are proposed as a chain below it (jump-forward): the matcher's forced tokens,
-  or, where it has none, the one token a mask allows when it allows exactly one (an end of text).
+  grammar forces next are proposed as a chain below it (jump-forward), spelt as the target spelt that
+  text before where it did (``spelling``), else with xgrammar's tokens; where nothing is forced but
+  a mask allows exactly one token (an end of text), that token.
 
 ``masks`` fills one bitmask row per logits row of the pass (row 0: the root's state; row i + 1: node
 i's), so verification sees, at every position, the target's distribution masked by the grammar state
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor
 
 from specserve.constrain.grammar import Matcher, new_bitmask
+from specserve.constrain.spelling import Spelling, chain as spelled
 
 
 @dataclass
@@ -69,12 +71,13 @@ def single_token(row: Tensor) -> int | None:
 
 
 def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[bool], room: int,
-          max_depth: int, jump: bool) -> Shaped:
+          max_depth: int, jump: bool, prev: int = -1, spelling: Spelling | None = None) -> Shaped:
     """Prune a draft to what the grammar allows and add the forced chains (see the module docstring).
 
     ``drawn[i]``: node i was sampled from a q (not one-hot); ``room``: forced nodes that may be added
-    in all; ``max_depth``: no forced node deeper; ``jump``: add forced chains at all.  The matcher is
-    left at the root's state."""
+    in all; ``max_depth``: no forced node deeper; ``jump``: add forced chains at all; ``prev``: the
+    root's token (the last committed); ``spelling``: how the target spelt forced text before.  The
+    matcher is left at the root's state."""
     kids = children_of(parents)
     keep: list[int] = []
     out = Shaped(keep)
@@ -84,7 +87,7 @@ def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[b
         budget = min(room - out.forced, max_depth - depth)
         if budget <= 0:
             return
-        chain = matcher.forced()[:budget]
+        chain = spelled(matcher, tokens[at] if at >= 0 else prev, budget, spelling)
         if not chain:
             matcher.fill(scratch, 0)
             only = single_token(scratch[0])

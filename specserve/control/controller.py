@@ -44,6 +44,8 @@ from specserve.control.threads import ThreadGovernor
 AUTO = "auto"           # a request's draft size when the controller chooses it each step
 COSTLY = 0.05           # drafting this share of a one-token pass is worth doing only when kept
 DRAFT_WEIGHT = 0.2      # of a new measurement in a drafter's decayed seconds per proposal
+FORCED_PRIOR = 0.9      # a drafter label's forced-node acceptance (parent accepted) before any is verified
+FORCED_WEIGHT = 0.05    # of one verified forced node in that decayed rate
 INHERITED_GAP = 16      # the longest probe gap a new sequence starts with
 PROBE_SHARE = 0.02      # a probe waits until its drafting costs at most this share of the steps since the last
 
@@ -85,15 +87,16 @@ class StepPlan:
                                                                          # node is kept anyway
 
 
-def forced_gains(prop, gains: list[float]) -> list[float]:
+def forced_gains(prop, gains: list[float], rate: float = 1.0) -> list[float]:
     """Gains with the forced nodes' (``DraftProposal.forced``) set: the grammar fixes the text there, so a
-    forced node is accepted whenever its parent is, unless the target spells that text with other
-    tokens: it is priced at its parent's gain (1 below the pending token)."""
+    forced node is accepted when its parent is unless the target spells that text with other tokens:
+    it is priced at its parent's gain (1 below the pending token) times ``rate``, the share of forced
+    nodes accepted where their parent was (``Controller.forced_rate``)."""
     if not prop.forced:
         return gains
     out, parents = list(gains), prop.parent_list()
     for n in range(prop.own, len(prop)):
-        out[n] = out[parents[n]] if parents[n] >= 0 else 1.0
+        out[n] = (out[parents[n]] if parents[n] >= 0 else 1.0) * rate
     return out
 
 
@@ -104,6 +107,7 @@ class Controller:
         self.probes: dict[tuple[int, str], ProbeState] = {}   # (seq_id, drafter or part key)
         self.drafter_gap: dict[str, int] = {}      # a new sequence's first probe gap: its drafter's latest
         self.draft_s: dict[str, float] = {}        # decayed seconds per proposal, per drafter (and part)
+        self.forced: dict[str, float] = {}         # decayed forced-node acceptance, per drafter (``forced_rate``)
         self.kept: dict[tuple[int, str], int] = {} # nodes kept of each auto sequence's last draft (per part:
                                                    # its nodes, or 0 when what it added did not pay)
         self.governor = ThreadGovernor(thread_choices) if len(thread_choices) > 1 else None
@@ -226,15 +230,16 @@ class Controller:
                 cheap = sum(self.draft_s.get(part_key(s.drafter, p), 0.0)
                             for p, k in plan.parts.get(s.seq_id, {}).items()
                             if k and not self._costly(part_key(s.drafter, p), s))
-                cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains), prop.parent_list(),
-                                       probe=s.seq_id in plan.probed or forced is not None,
+                cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
+                                       prop.parent_list(), probe=s.seq_id in plan.probed or forced is not None,
                                        forced_node=forced or 0, draft_s=cheap))
                 continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
-            cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains), prop.parent_list(), fixed=not s.auto,
-                                   probe=s.seq_id in plan.probed, draft_s=self.draft_s.get(s.drafter, 0.0)))
+            cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
+                                   prop.parent_list(), fixed=not s.auto, probe=s.seq_id in plan.probed,
+                                   draft_s=self.draft_s.get(s.drafter, 0.0)))
         keep, predicted = choose(cands, self.cost)
         step_rate = rate(len(cands) + sum(sum(c.gains[n] for n in keep[c.seq_id]) for c in cands), predicted,
                          sum(c.draft_s for c in cands if keep[c.seq_id]))
@@ -292,7 +297,9 @@ class Controller:
     # ------------------------------------------------------------------ 5. learning
     def learn(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
         """A verified draft ``prop`` (what the pass ran) of which the nodes ``path`` were accepted;
-        what the drafter is judged by is its own nodes (not the forced ones a grammar added)."""
+        what the drafter is judged by is its own nodes (not the forced ones a grammar added, which
+        teach ``forced_rate``)."""
+        self._learn_forced(s.drafter, prop, path)
         prop, path = prop.drafted(path)
         conf = prop.trim_confidence()
         if s.auto and self._merged(s, prop):
@@ -305,6 +312,17 @@ class Controller:
             state.update(len(prop), len(path), probed)
             if probed:
                 self.drafter_gap[s.drafter] = state.gap
+
+    def forced_rate(self, drafter: str) -> float:
+        """The share of forced nodes the target accepted where it accepted their parent (decayed), for
+        ``drafter``'s sequences: how often it spells forced text as the engine drafted it."""
+        return self.forced.get(drafter, FORCED_PRIOR)
+
+    def _learn_forced(self, drafter: str, prop, path: list[int]) -> None:
+        on, parents = set(path), prop.parent_list()
+        for n in range(prop.own, len(prop)):
+            if parents[n] < 0 or parents[n] in on:
+                self.forced[drafter] = decayed(self.forced_rate(drafter), float(n in on), FORCED_WEIGHT)
 
     def _learn_parts(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
         """Each part's calibration: its confidences over the verified nodes it proposed, against its

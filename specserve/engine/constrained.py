@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specserve.constrain import Shaper
+from specserve.constrain.spelling import Spelling
 from specserve.control import Slot
 from specserve.drafters.base import DraftProposal
 from specserve.engine.faults import PLAIN
@@ -22,11 +23,18 @@ from specserve.engine.types import MAX_DRAFT, Sequence, TokenLogprob
 from specserve.sampling import logprobs_of, sample
 
 
-def attach(s: Sequence, vocab: int) -> None:
-    """A new sequence's shaper (a grammar or a penalty) and logprob lists, where its request asks."""
+def speculates(s: Sequence) -> bool:
+    """The sequence's drafts may be more than nothing: a drafter that drafts, a draft size other than 0."""
+    return s.request.num_draft != 0 and s.drafter is not PLAIN and s.drafter.max_auto_draft > 0
+
+
+def attach(s: Sequence, vocab: int, spelling: Spelling) -> None:
+    """A new sequence's shaper (a grammar or a penalty) and logprob lists, where its request asks;
+    ``spelling``: how its drafter label's sequences saw the target spell forced text (used, and
+    taught, when the sequence speculates)."""
     req = s.request
     if Shaper.needed(req.grammar, req.sampling):
-        s.shaper = Shaper(req.grammar, req.sampling, req.prompt, vocab)
+        s.shaper = Shaper(req.grammar, req.sampling, req.prompt, vocab, spelling if speculates(s) else None)
     s.logprobs = [] if req.logprobs is not None else None
     s.prompt_logprobs = [None] if req.prompt_logprobs is not None else None
 
@@ -44,7 +52,7 @@ def constrain(decoding: list[Sequence], slots: list[Slot], proposals: dict[int, 
         if s.shaper is None or s.shaper.matcher is None:
             continue
         prop = proposals[s.seq_id]
-        jump = slot.num_draft != 0 and s.drafter is not PLAIN and s.drafter.max_auto_draft > 0
+        jump = slot.num_draft != 0 and speculates(s)
         proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
 
 

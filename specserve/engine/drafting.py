@@ -1,7 +1,9 @@
 """Every call the engine makes to a drafter, each one guarded (``specserve.engine.faults``).
 
 ``Drafting`` begins and ends a sequence's drafter, asks the drafters for a step's proposals (one
-batched ``propose`` per drafter, over its sequences) and hands them the step's feedback.  A call
+batched ``propose`` per drafter, over its sequences) and hands them the step's feedback; it also
+keeps, per drafter label, how the target spelt the text grammars forced (``spelling``), from which
+the engine drafts forced tokens itself.  A call
 that raises for a sequence, or a malformed proposal, is that sequence's fault: its drafter state is
 ended and it continues with ``PLAIN`` (see ``faults``); the other sequences are untouched.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from specserve.constrain.spelling import Spelling
 from specserve.control import Controller, Slot, StepPlan, Traits
 from specserve.control.controller import part_key
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
@@ -21,6 +24,18 @@ class Drafting:
     def __init__(self, controller: Controller, vocab_size: int):
         self.controller, self.vocab = controller, vocab_size
         self.faults = Faults()
+        self.spellings: dict[str, Spelling] = {}     # per drafter label: how the target spells forced text
+
+    def spelling(self, label: str) -> Spelling:
+        """What the sequences of drafter ``label`` saw of the target's spelling of forced text (the
+        engine's own drafts under a grammar, ``specserve.constrain.spelling``), kept across requests."""
+        return self.spellings.setdefault(label, Spelling())
+
+    def forget_spellings(self) -> bool:
+        """Forget every label's spelling memory (as on a fresh server); True if any was kept."""
+        kept = any(sp.after for sp in self.spellings.values())
+        self.spellings.clear()
+        return kept
 
     def begin(self, seq_id: int, req: Request, drafter: Drafter, generator) -> Drafter:
         """``drafter.begin`` for a new sequence; the drafter that will serve it (``PLAIN`` if begin failed)."""

@@ -11,10 +11,9 @@ node budget, sampling settings and generators.  Prompts enter in chunks: ``admit
 cache row (and copies any cached prefix into it); each step's pass then carries, besides the
 decoding sequences' tokens, the next chunk of every prompt the prefill planner allows.  While its
 prompt is being prefilled a sequence is in state PREFILL and drafts nothing; the pass that ends
-its prompt gives its first token and it turns to DECODE.
-
-The cost model is measured once, at construction (``control.measure.cost_model``: from disk when
-this model, runtime and CPU were measured before), never inside a step or a request.
+its prompt gives its first token and it turns to DECODE.  The cost model is measured once, at
+construction (``control.measure.cost_model``: from disk when this model, runtime and CPU were
+measured before), never inside a step; greedy rows' argmax is the native kernel's (``rowops``).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from specserve.engine.rows import RowTable
 from specserve.engine.types import (MAX_DRAFT, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
                                     StepReport, StepTimes, TokenLogprob)
 from specserve.errors import SpecserveError
+from specserve.models import rowops
 from specserve.models.decoder import ForwardOutput
 from specserve.models.loader import LoadedModel
 from specserve.stats import RequestStats
@@ -154,7 +154,7 @@ class Engine:
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter(),
                        drafter=drafter)
-        attach(seq, self.target.config.vocab_size)     # its shaper and logprob lists, where asked for
+        attach(seq, self.target.config.vocab_size, self.drafting.spelling(req.drafter))   # shaper, logprob lists
         scored = req.prompt_logprobs is not None        # every prompt position's logits: nothing reused
         match = None if scored else self.prefixes.match(req.prompt, bool(drafter.feature_layers))
         if match is not None:
@@ -291,7 +291,7 @@ class Engine:
                 out: ForwardOutput) -> list[Outcome]:
         rows = [Row(p.tokens, p.parents, p.probs, layout.offsets[i], s.request.sampling, s.generator)
                 for i, (s, p) in enumerate((s, proposals[s.seq_id]) for s in decoding)]
-        return verify_rows(rows, out.logits) if rows else []
+        return verify_rows(rows, out.logits, rowops.argmax) if rows else []
 
     def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], outcomes: list[Outcome],
                          layout: PassLayout, out: ForwardOutput, raw: dict[int, Tensor]) -> list[tuple[Sequence, Feedback]]:

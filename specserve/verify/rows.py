@@ -14,6 +14,7 @@ settings, generator): nothing here knows drafters or sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -47,13 +48,16 @@ class Outcome:
     tokens: list[int]     # emitted: the accepted tokens, then the recovered or bonus token
 
 
-def verify_rows(rows: list[Row], logits: Tensor) -> list[Outcome]:
-    """logits: [M, V] of a ragged pass (M >= every row's offset + N + 1).  Outcomes in row order."""
+def verify_rows(rows: list[Row], logits: Tensor,
+                argmax_of: Callable[[Tensor], Tensor] = lambda x: x.argmax(-1)) -> list[Outcome]:
+    """logits: [M, V] of a ragged pass (M >= every row's offset + N + 1); ``argmax_of`` maps them to
+    [M] int64, each row's first maximum (greedy rows read nothing else; a runtime's faster kernel may
+    stand in for torch's when it gives the same indices).  Outcomes in row order."""
     out: list[Outcome | None] = [None] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.sampling.greedy]
     sampled = [i for i, r in enumerate(rows) if not r.sampling.greedy]
     if greedy:
-        argmax = logits.argmax(-1)                                                     # [M], one op for all
+        argmax = argmax_of(logits)                                                     # [M], one op for all
         for i, o in zip(greedy, _greedy([rows[i] for i in greedy], argmax)):
             out[i] = o
     chains = [i for i in sampled if rows[i].is_chain]

@@ -1,4 +1,5 @@
-"""Native CPU kernels (``simd.h``, ``blocks.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``, and the
+"""Native CPU kernels (``simd.h``, ``blocks.h``, ``linear.cpp``, ``layer_ops.cpp``, ``forward.cpp``,
+``logit_ops.cpp`` (row argmax, grammar masks), and the
 int8-activation linears ``q8.h`` / ``q8*.cpp``): built on first use with the system C++ compiler, loaded
 with ctypes, cached under ``$SPECSERVE_CACHE/kernels`` by a hash of the source and flags.
 
@@ -28,14 +29,14 @@ HERE = Path(__file__).parent
 # kernels' VNNI paths (q8.h) in files of their own, called only where the CPU has them.
 BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
 SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
-           HERE / "q8.cpp": BASE_ISA,
+           HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA,
            HERE / "q8_vnni512.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
 OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
 HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_entry.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-ABI_VERSION = 9
+ABI_VERSION = 10
 MAX_TREE_TOKENS = 256   # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 # Weight formats (the ``Fmt`` enum of simd.h).
@@ -94,6 +95,8 @@ SIGNATURES = {
     "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P], None),
     "ss_gelu_tanh_mul": ([_P, _I64, _I64, _P], None),
     "ss_add": ([_P, _P, _I64], None),
+    "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),
+    "ss_mask_rows": ([_P, _I64, _I64, _P, _I64, _I64], None),
     "ss_scale": ([_P, _F32, _I64], None),
     "ss_set_threads": ([_I32], _I32),
     "ss_default_threads": ([], _I32),
@@ -262,6 +265,26 @@ def linear(x: torch.Tensor, w: NativeWeight, bias: torch.Tensor | None = None,
     library().ss_linear(x.data_ptr(), m, k, w.data.data_ptr(), w.fmt, n,
                         bias.data_ptr() if bias is not None else None, out.data_ptr(), int(accumulate))
     return out
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x: float32 [R, V] on the CPU, rows contiguous -> int64 [R]: each row's first maximum (the first
+    NaN where a row has one), as ``torch.argmax`` gives it."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError("argmax_rows takes float32 [R, V] CPU rows with contiguous entries")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    library().ss_argmax_rows(x.data_ptr(), x.shape[0], x.stride(0), x.shape[1], out.data_ptr())
+    return out
+
+
+def mask_rows(x: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """x: float32 [R, V] CPU rows with contiguous entries; bitmask: int32 [R, W] contiguous (bit j of
+    word w: token 32w + j allowed).  Every forbidden token of each row set to -inf, in place."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError("mask_rows takes float32 [R, V] CPU rows with contiguous entries")
+    if bitmask.dtype != torch.int32 or bitmask.shape[0] != x.shape[0] or not bitmask.is_contiguous():
+        raise ValueError("mask_rows takes an int32 [R, W] contiguous bitmask, one row per logits row")
+    library().ss_mask_rows(x.data_ptr(), x.shape[0], x.stride(0), bitmask.data_ptr(), bitmask.shape[1], x.shape[1])
 
 
 def fma_peak(seconds: float = 0.3) -> float:

@@ -1,0 +1,51 @@
+"""Operations on a pass's logits rows, on the native kernels where they run, else on torch.
+
+``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row) and
+``mask`` sets every token a grammar bitmask forbids to -inf, in place.  On this project's 2-core
+machines torch's CPU argmax takes 65-100 us a row of 49,152 logits and xgrammar's mask kernel about
+390 us; the native ones take about 9 us and 25 us (``logit_ops.cpp``).  Both give the same bits as
+the fallbacks: the argmax is torch's choice among equal maxima (the first) and of NaN (the first),
+and the mask writes -inf and nothing else.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+
+@lru_cache(maxsize=1)
+def native() -> bool:
+    """The native kernel library loads on this machine (built on first use)."""
+    from specserve.models.native import unavailable_reason
+    return unavailable_reason() is None
+
+
+def _native_rows(x: Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and native()
+
+
+def argmax(logits: Tensor) -> Tensor:
+    """logits: [M, V] -> int64 [M]: each row's first maximum, on ``logits``' device."""
+    if _native_rows(logits) and logits.shape[1]:
+        from specserve.models.native import argmax_rows
+        return argmax_rows(logits)
+    return logits.argmax(-1)
+
+
+def mask(logits: Tensor, bitmask: Tensor) -> None:
+    """logits: float32 [R, V]; bitmask: int32 [R, ceil(V / 32)] (bit j of word w: token 32w + j
+    allowed).  Every forbidden token of each row set to -inf, in place."""
+    if _native_rows(logits) and bitmask.device.type == "cpu":
+        from specserve.models.native import mask_rows
+        mask_rows(logits, bitmask.contiguous())
+        return
+    if logits.device.type == "cpu":
+        import xgrammar as xgr
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+        return
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    ok = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :logits.shape[-1]].bool()
+    logits.masked_fill_(~ok.to(logits.device), float("-inf"))
