@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -25,6 +26,16 @@ class Completion:
     finish_reason: str
     stats: dict
     logprobs: list[TokenLogprob] | None = None
+
+
+def freeze_heap() -> None:
+    """Put every object alive now (a loaded model's tokenizer, drafters, compiled grammars: some
+    215,000 tracked objects) out of the cyclic garbage collector's reach (``gc.freeze``), so that its
+    full collections, which otherwise walk them all, take milliseconds instead of 90-100 ms of a
+    decoding stream's time (measured on the default model, AMD EPYC).  For long-lived processes
+    (the server, the bench), called once after loading; objects made later are collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def stop_checker(tokenizer: Tokenizer, stops: list[str]):

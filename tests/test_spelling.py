@@ -80,8 +80,8 @@ def test_engine_drafts_forced_text_as_the_target_spelt_it():
     req = dict(prompt=[5, 6, 7], max_tokens=20, grammar=g, eos_ids=frozenset({EOS}))
     plain = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=96).generate([Request(**req)])[0]
     spec = Engine(target, {"ngram": create("ngram", target)}, max_batch=1, max_len=96)
-    first = spec.generate([Request(**req, drafter="ngram", num_draft="auto")])[0]
-    second = spec.generate([Request(**req, drafter="ngram", num_draft="auto")])[0]
+    first = spec.generate([Request(**req, drafter="ngram", num_draft=8)])[0]
+    second = spec.generate([Request(**req, drafter="ngram", num_draft=8)])[0]
     assert "".join(pieces[t] for t in plain.tokens if t != EOS) == "xyzxyzxyz"
     assert first.tokens == plain.tokens and second.tokens == plain.tokens
     assert spec.drafting.spelling("ngram").after

@@ -112,7 +112,7 @@ def _checkpoint(doc: dict, out: str) -> None:
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     """The phases of the module docstring, in order; results.json is written after each of them."""
     from specserve.bench.costs import cost_curve
-    from specserve.llm import LLM
+    from specserve.llm import LLM, freeze_heap
 
     methods = _methods(cfg)
     prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
@@ -121,6 +121,7 @@ def run_bench(cfg: BenchConfig, options=None) -> dict:
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
               max_batch=1, max_len=MAX_LEN)
     cfg_grammars = grammars(llm, prompts)
+    freeze_heap()                        # what is loaded, out of the collector's full walks (as a server does)
     chat = llm.tokenizer.hf.chat_template is not None       # a base model's file may have no chat template
     ids = [llm.encode(p.text, raw=not chat) for p in prompts]
     doc = _header(cfg, llm.target, chat)

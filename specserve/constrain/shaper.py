@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specserve.constrain.grammar import Grammar, apply_mask
+from specserve.constrain.grammar import Grammar, apply_mask, new_bitmask
 from specserve.constrain.penalties import path_counts, penalise
 from specserve.constrain.spelling import Spelling
 from specserve.constrain.tree import Shaped, masks, paths_of, shape
@@ -29,6 +29,7 @@ class Shaper:
         self.matcher = grammar.matcher() if grammar is not None else None
         self.spelling = spelling if self.matcher is not None else None
         self.last = prompt[-1] if prompt else -1                       # the last committed token
+        self._bits = new_bitmask(1, vocab_size)                         # masks' rows, reused (grown as needed)
         self.sampling, self.vocab = sampling, vocab_size
         self.counts = torch.zeros(vocab_size, dtype=torch.float32)     # generated tokens
         self.seen = torch.zeros(vocab_size, dtype=torch.bool)          # prompt and generated tokens
@@ -60,9 +61,10 @@ class Shaper:
             return Shaped(list(range(len(tokens))))
         return shape(self.matcher, tokens, parents, drawn, room, max_depth, jump, self.last, self.spelling)
 
-    def apply(self, logits: Tensor, tokens: list[int], parents: list[int]) -> Tensor:
+    def apply(self, logits: Tensor, tokens: list[int], parents: list[int], inplace: bool = False) -> Tensor:
         """logits: [N + 1, V], the rows of the pending token and the N nodes.  Returns float32 [N + 1, V]:
-        penalised, then masked by the grammar.  A greedy request's rows are read by their argmax alone,
+        penalised, then masked by the grammar (``inplace``: written into ``logits``, float32 rows with
+        contiguous entries, and returned).  A greedy request's rows are read by their argmax alone,
         and the mask leaves an allowed argmax where it is (the first maximum stays the first), so
         they are masked only where the argmax is a token the grammar forbids there."""
         sp = self.sampling
@@ -70,19 +72,19 @@ class Shaper:
             pc = path_counts(paths_of(tokens, parents), self.vocab)
             out = penalise(logits, (self.counts + pc).to(logits.device), (self.seen | (pc > 0)).to(logits.device),
                            sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
+            out = logits.copy_(out) if inplace else out
         else:
-            out = logits.float().clone()
+            out = logits if inplace else logits.float().clone()
         if self.matcher is None or self.matcher.terminated:
             return out
-        bitmask = masks(self.matcher, tokens, parents)
+        if len(self._bits) < len(tokens) + 1:
+            self._bits = new_bitmask(max(len(tokens) + 1, 2 * len(self._bits)), self.vocab)
+        bitmask = masks(self.matcher, tokens, parents, self._bits)
         if not sp.greedy:
             apply_mask(out, bitmask)
             return out
-        top = rowops.argmax(out).cpu()                                                # [N + 1]
-        ok = (bitmask[torch.arange(len(top)), top // 32] >> (top % 32)) & 1
-        bad = (ok == 0).nonzero().flatten()
-        if len(bad):
-            rows = out[bad.to(out.device)]
-            apply_mask(rows, bitmask[bad])
-            out[bad.to(out.device)] = rows
+        words = bitmask.numpy()                                                       # [N + 1, W]
+        for r, t in enumerate(rowops.argmax_list(out)):                                # [N + 1] argmax
+            if not (int(words[r, t >> 5]) >> (t & 31)) & 1:
+                apply_mask(out[r:r + 1], bitmask[r:r + 1])
         return out

@@ -115,11 +115,18 @@ def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[b
     return out
 
 
-def masks(matcher: Matcher, tokens: list[int], parents: list[int]) -> Tensor:
+def masks(matcher: Matcher, tokens: list[int], parents: list[int], into: Tensor | None = None) -> Tensor:
     """int32 [N + 1, W]: row 0 the tokens allowed after the root, row i + 1 after node i's path (all
-    allowed for a forbidden node, one below it or one after an end of text).  The matcher is left at the root's state."""
+    allowed for a forbidden node, one below it or one after an end of text), written into the first
+    N + 1 rows of ``into`` (int32 [R, W], contiguous, on the CPU) when given, else a new tensor.  The
+    matcher is left at the root's state."""
     kids = children_of(parents)
-    bitmask = new_bitmask(len(tokens) + 1, matcher.vocab_size).fill_(-1)           # all allowed
+    n = len(tokens) + 1
+    if into is None:
+        bitmask = new_bitmask(n, matcher.vocab_size)
+    else:
+        bitmask = into[:n]
+    bitmask.numpy()[:] = -1                                                         # all allowed
 
     def visit(node: int) -> None:
         if matcher.terminated:                           # after an end of text: never read

@@ -66,7 +66,7 @@ def shape_logits(decoding: list[Sequence], proposals: dict[int, DraftProposal], 
             raw[s.seq_id] = logits[at:at + n].clone()
         if s.shaper is not None:
             prop = proposals[s.seq_id]
-            logits[at:at + n] = s.shaper.apply(logits[at:at + n], prop.tokens, prop.parent_list())
+            s.shaper.apply(logits[at:at + n], prop.tokens, prop.parent_list(), inplace=True)
     return raw
 
 

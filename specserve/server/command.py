@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specserve.control import PrefillPolicy
-    from specserve.llm import LLM
+    from specserve.llm import LLM, freeze_heap
     from specserve.models.loader import resolve_model_path
     from specserve.server.app import create_app
     from specserve.server.auth import api_keys
@@ -78,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     prefill.check()
     llm = LLM(args.model, runtime_options(args), drafters=specs, max_batch=args.max_batch, max_len=args.max_len,
               preload=True, prefill=prefill)
+    freeze_heap()                        # before serving: what is loaded stays, out of the collector's walks
     name = args.served_model_name or ("default" if args.model == "default" else path)
     app = create_app(llm, name, default_drafter=specs[0].name, max_waiting=args.max_waiting,
                      request_timeout_s=args.request_timeout, api_keys=keys, metrics_public=args.metrics_public,
