@@ -234,6 +234,8 @@ class Drafter(ABC):
     synthetic: ClassVar[bool] = False        # True when outputs are a study, not a real drafter
     tree: ClassVar[bool] = False             # proposes trees (num_draft is then a node budget)
     max_auto_draft: ClassVar[int] = 8        # the largest draft (node budget) ``auto`` may choose
+    speculates: ClassVar[bool] = True        # False for plain decoding: nothing drafted, not even the
+                                             # tokens a grammar forces
     confidence: ClassVar[bool] = False       # proposals carry per-node confidence: under ``auto`` the drafter
                                              # is asked for its largest draft and the controller trims it
     preload: ClassVar[bool] = False          # cheap and option-free: a server loads it for requests to name

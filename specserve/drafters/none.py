@@ -11,6 +11,7 @@ from specserve.drafters.registry import register
 @register("none")
 class NoDrafter(Drafter):
     max_auto_draft = 0
+    speculates = False
     preload = True
 
     def __init__(self, target: Any = None, **options: Any):

@@ -18,14 +18,15 @@ from specserve.constrain import Shaper
 from specserve.constrain.spelling import Spelling
 from specserve.control import Slot
 from specserve.drafters.base import DraftProposal
-from specserve.engine.faults import PLAIN
 from specserve.engine.types import MAX_DRAFT, Sequence, TokenLogprob
 from specserve.sampling import logprobs_of, sample
 
 
 def speculates(s: Sequence) -> bool:
-    """The sequence's drafts may be more than nothing: a drafter that drafts, a draft size other than 0."""
-    return s.request.num_draft != 0 and s.drafter is not PLAIN and s.drafter.max_auto_draft > 0
+    """The sequence's drafts may be more than nothing: a draft size other than 0 and a drafter other
+    than plain decoding's (one whose own drafts ``auto`` never keeps, such as a layer-skip draft that
+    found no layers worth skipping, still gets the forced tokens, priced by the controller)."""
+    return s.request.num_draft != 0 and s.drafter.speculates
 
 
 def attach(s: Sequence, vocab: int, spelling: Spelling) -> None:
