@@ -2,11 +2,12 @@
 
 For the first ``--prompts`` requests of the schema workload, plain greedy decoding under each
 request's grammar; then, along each output, at every position where the grammar forces a text, is
-the target's token the first of xgrammar's jump-forward tokens?  And how many of those positions
-does a spelling memory learnt from the earlier positions and requests (``specserve.constrain.spelling``,
-as the engine keeps one) guess right?  Prints the counts and the first mismatches.
+the target's token the first of xgrammar's jump-forward tokens?  How many of those positions does a
+spelling memory learnt from the earlier positions and requests (``specserve.constrain.spelling``, as
+the engine keeps one) guess right, and the memory with xgrammar's token where it has no entry (what
+the engine drafts)?  Prints the counts and the first mismatches with xgrammar.
 
-    .venv/bin/python scripts/forced_spelling.py --prompts 8
+    .venv/bin/python scripts/forced_spelling.py --prompts 32
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main() -> None:
     llm = LLM("default", drafters=["none"])
     dec = llm.tokenizer.decode
     memory = Spelling()
-    forced = xgr_hits = memory_hits = tokens = 0
+    forced = xgr_hits = memory_hits = both_hits = tokens = 0
     shown = []
     for r in rows:
         spec = from_response_format(r["response_format"])
@@ -50,7 +51,9 @@ def main() -> None:
                 forced += 1
                 jump = m.forced()
                 xgr_hits += bool(jump) and jump[0] == t
-                memory_hits += memory.guess(prev, text) == t
+                guess = memory.guess(prev, text)
+                memory_hits += guess == t
+                both_hits += (guess if guess is not None else (jump[0] if jump else None)) == t
                 if (not jump or jump[0] != t) and len(shown) < args.show:
                     shown.append(f"  forced {text!r}: xgrammar {[dec([x]) for x in jump[:3]]}, target {dec([t])!r}")
                 memory.learn(prev, text, t)
@@ -59,6 +62,7 @@ def main() -> None:
     print(f"{len(rows)} requests, {tokens} tokens, {forced} at positions where the grammar forces a text")
     print(f"xgrammar's first jump-forward token is the target's at {xgr_hits} of {forced}")
     print(f"the spelling memory (learnt from earlier positions and requests) guesses {memory_hits} of {forced}")
+    print(f"the memory, else xgrammar's token (what the engine drafts): {both_hits} of {forced}")
     print("\n".join(shown))
 
 

@@ -109,3 +109,16 @@ def test_forced_nodes_are_priced_at_the_rate_they_are_accepted():
     assert low < FORCED_PRIOR
     ctl.learn(slot, prop, [0, 1, 2], StepPlan({0: 4}))                 # both accepted
     assert ctl.forced_rate("d") > low
+
+
+def test_forced_nodes_alone_are_not_charged_the_drafters_seconds():
+    """A costly drafter (50 ms a proposal against a 10 ms pass) whose proposal holds only forced nodes:
+    keeping them costs no drafting, so they are kept where the pass's extra token pays; a node of the
+    drafter's own would carry the drafting cost, and is not kept."""
+    from specserve.control import Candidate, choose
+    flat = CostModel([1, 64], [0.010, 0.0101], 0.0)
+    forced_only = Candidate(0, 10, [0.9], [-1], draft_s=0.050, own=0)
+    assert choose([forced_only], flat)[0] == {0: [0]}
+    own = Candidate(0, 10, [0.9], [-1], draft_s=0.050, own=1)
+    assert choose([own], flat)[0] == {0: []}
+    assert choose([Candidate(0, 10, [0.9], [-1], draft_s=0.050)], flat)[0] == {0: []}

@@ -34,7 +34,9 @@ class Candidate:
     probe: bool = False           # keep the best node even if it does not pay
     forced_node: int = 0          # the node a probe keeps (a root: a child of the pending token)
     draft_s: float = 0.0          # what drafting costs this sequence per step (seconds), paid again
-                                  # next step only if some of its nodes are kept now
+                                  # next step only if some of its drafter's nodes are kept now
+    own: int | None = None        # nodes that are its drafter's (the first ``own``; the rest a grammar
+                                  # forced, which no drafting pays for); None: all of them
 
 
 def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]], float]:
@@ -43,8 +45,9 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
     Nodes enter best-first; a node's gain is first capped at its parent's, so that with ties broken
     by index a parent always enters before its children and every prefix of the order is a set of
     trees.  Fixed drafts are kept whole; a probed sequence's first node (or ``forced_node``) is kept whatever it pays.
-    A sequence that keeps nodes is charged its drafter's cost (``draft_s``) on top of the pass, so
-    a drafter whose drafting costs more than its tokens save is not kept.
+    A sequence that keeps nodes of its drafter's own is charged its drafter's cost (``draft_s``) on
+    top of the pass, so a drafter whose drafting costs more than its tokens save is not kept (forced
+    nodes alone charge nothing: the engine drafts them without the drafter).
     Returns ({seq_id: kept node indices}, predicted seconds of the chosen pass).
     """
     order: list[tuple[float, int, int]] = []           # (-gain, candidate, node)
@@ -66,12 +69,14 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
     gain = sum(sum(c.gains) for c in cands if c.fixed) + len(cands)     # expected tokens committed
     best_n, best_rate, best_cost = 0, -1.0, 0.0
     drafting = 0.0
+    charged = [False] * len(cands)
     for n in range(len(steps) + 1):
         if n:
             i, node = steps[n - 1]
             lengths[i] += 1
             gain += cands[i].gains[node]
-            if lengths[i] == 2:
+            if not charged[i] and (cands[i].own is None or node < cands[i].own):
+                charged[i] = True
                 drafting += cands[i].draft_s
         if n < len(forced):
             continue

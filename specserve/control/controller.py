@@ -232,17 +232,17 @@ class Controller:
                             if k and not self._costly(part_key(s.drafter, p), s))
                 cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
                                        prop.parent_list(), probe=s.seq_id in plan.probed or forced is not None,
-                                       forced_node=forced or 0, draft_s=cheap))
+                                       forced_node=forced or 0, draft_s=cheap, own=prop.own))
                 continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
             cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
                                    prop.parent_list(), fixed=not s.auto, probe=s.seq_id in plan.probed,
-                                   draft_s=self.draft_s.get(s.drafter, 0.0)))
+                                   draft_s=self.draft_s.get(s.drafter, 0.0), own=prop.own))
         keep, predicted = choose(cands, self.cost)
         step_rate = rate(len(cands) + sum(sum(c.gains[n] for n in keep[c.seq_id]) for c in cands), predicted,
-                         sum(c.draft_s for c in cands if keep[c.seq_id]))
+                         sum(c.draft_s for c in cands if any(n < c.own for n in keep[c.seq_id])))
         for s in slots:
             if not s.auto:
                 continue
