@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specserve.models.config import ModelConfig
@@ -130,6 +131,13 @@ TINY_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxL
                                                 "age": {"type": "integer", "maximum": 999},
                                                 "ok": {"type": "boolean"}},
                "required": ["name", "age", "ok"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="session")
+def grammar_vocab():
+    """The tiny grammar vocabulary of 64 tokens: (compiler, pieces, piece -> token id)."""
+    comp, pieces = grammar_compiler(64)
+    return comp, pieces, {p: i for i, p in enumerate(pieces)}
 
 
 def grammar_compiler(vocab: int = 64):

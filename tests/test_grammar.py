@@ -25,12 +25,6 @@ EOS = VOCAB - 1
 
 
 @pytest.fixture(scope="module")
-def vocab():
-    comp, pieces = grammar_compiler(VOCAB)
-    return comp, pieces, {p: i for i, p in enumerate(pieces)}
-
-
-@pytest.fixture(scope="module")
 def target():
     return tiny_model(seed=41, vocab=VOCAB, layers=2)
 
@@ -53,17 +47,21 @@ def test_bitmask_unpacking_and_single_token():
     assert single_token(new_bitmask(1, 70)[0]) is None
 
 
-def test_shape_prunes_keeps_drawn_and_forces(vocab):
+def test_shape_prunes_keeps_drawn_and_forces(grammar_vocab):
     """Grammar "xyz(a|b)" over pieces with "xy" a token.  Draft: x -> y -> q -> a (q forbidden after
     "xy": it and its child go), and b below the root (forbidden there, but drawn: kept, childless).
     At y (text "xy") no child is allowed, so the forced text "z" is proposed below it."""
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     m = comp.compile(GrammarSpec("regex", "xyz(a|b)")).matcher()
     tokens = [ix["x"], ix["y"], ix["q"], ix["a"], ix["b"]]
     parents = [-1, 0, 1, 2, -1]
     out = shape(m, tokens, parents, [False, False, False, False, True], room=8, max_depth=10, jump=True)
     assert out.keep == [0, 1, 4]
-    assert out.chains == [(1, [ix["z"]])]
+    # below y the forced "z"; beside x (deterministic) at the root the other spelling of "xyz", xy z;
+    # beside y below x none: the forced "yz" starts with y, already drafted
+    assert out.chains == [(1, [ix["z"]]), (-1, [ix["xy"], ix["z"]])]
+    drawn = shape(m, tokens, parents, [True, False, False, False, True], room=8, max_depth=10, jump=True)
+    assert drawn.chains == [(1, [ix["z"]])]             # beside a drawn node: nothing added
     # nothing drafted: at the root the grammar forces "xyz", the longest tokens first ("xy", "z")
     root = shape(m, [], [], [], room=8, max_depth=10, jump=True)
     assert root.keep == [] and root.chains == [(-1, [ix["xy"], ix["z"]])]
@@ -73,8 +71,8 @@ def test_shape_prunes_keeps_drawn_and_forces(vocab):
     assert all(m.accept(t) for t in [ix["xy"], ix["z"], ix["a"]])
 
 
-def test_masks_follow_each_nodes_path(vocab):
-    comp, pieces, ix = vocab
+def test_masks_follow_each_nodes_path(grammar_vocab):
+    comp, pieces, ix = grammar_vocab
     m = comp.compile(GrammarSpec("regex", "xyz(a|b)")).matcher()
     tokens, parents = [ix["x"], ix["xy"], ix["y"], ix["q"]], [-1, -1, 0, 2]      # q is forbidden after "xy"
     rows = allowed(masks(m, tokens, parents), VOCAB)
@@ -85,10 +83,10 @@ def test_masks_follow_each_nodes_path(vocab):
     assert rows[4].all()                               # below a forbidden node: never read
 
 
-def test_under_grammar_builds_the_proposal(vocab):
+def test_under_grammar_builds_the_proposal(grammar_vocab):
     """Forced nodes come last, one-hot where the proposal carries q, confidence 1; the drafter's own
     nodes and the accepted path through them are what ``drafted`` gives back."""
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     from specserve.constrain import Shaper
     g = comp.compile(GrammarSpec("regex", "xyz(a|b)"))
     q = torch.zeros(2, VOCAB)
@@ -96,9 +94,10 @@ def test_under_grammar_builds_the_proposal(vocab):
     q[1, ix["y"]], q[1, ix["b"]] = 0.5, 0.5
     prop = DraftProposal([ix["x"], ix["y"]], q, [-1, 0], [0.9, 0.4])
     out = under_grammar(prop, Shaper(g, SamplingParams(), [1], VOCAB), room=8, max_depth=8, jump=True)
-    assert out.tokens == [ix["x"], ix["y"], ix["z"]] and out.parents == [-1, 0, 1]
-    assert out.forced == 1 and out.own == 2 and out.confidence == [0.9, 0.4, 1.0]
-    assert out.probs[2, ix["z"]] == 1 and out.probs[2].sum() == 1
+    # z below y; beside x (one-hot, so deterministic) at the root, the forced "xyz" spelt xy z
+    assert out.tokens == [ix["x"], ix["y"], ix["z"], ix["xy"], ix["z"]] and out.parents == [-1, 0, 1, -1, 3]
+    assert out.forced == 3 and out.own == 2 and out.confidence == [0.9, 0.4, 1.0, 1.0, 1.0]
+    assert all(out.probs[n, out.tokens[n]] == 1 and out.probs[n].sum() == 1 for n in (2, 3, 4))
     own, path = out.drafted([0, 1, 2])
     assert own.tokens == prop.tokens and path == [0, 1]
     out.check(VOCAB)
@@ -124,8 +123,8 @@ def test_path_counts_per_node():
     assert c[0].sum() == 0 and c[2, 3] == 2 and c[3, 1] == 1 and c[4].tolist() == [0, 0, 1, 2, 0]
 
 
-def test_invalid_grammars_are_one_line_errors(vocab):
-    comp = vocab[0]
+def test_invalid_grammars_are_one_line_errors(grammar_vocab):
+    comp = grammar_vocab[0]
     for spec, needle in ((GrammarSpec("regex", "(ab"), "invalid regex"),
                          (GrammarSpec("json_schema", '{"type": "bogus"}'), "invalid json_schema"),
                          (GrammarSpec("json_schema", "{not json"), "not JSON"),
@@ -150,10 +149,10 @@ def plain_and(target, name, reqs, k="auto", **opts):
             spec.generate([Request(**r, drafter=name, num_draft=k) for r in reqs]))
 
 
-def test_forced_text_is_drafted_for_free(target, vocab):
+def test_forced_text_is_drafted_for_free(target, grammar_vocab):
     """A grammar that fixes the whole text ("qrstuvw", one spelling only): plain decoding takes a pass
     per token, speculation verifies the forced chain in one pass and then the forced end of text."""
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     g = comp.compile(GrammarSpec("regex", "qrstuvw"))
     req = dict(prompt=[5, 6, 7], max_tokens=20, grammar=g, eos_ids=frozenset({EOS}))
     (plain,), (spec,) = plain_and(target, "ngram", [req])
@@ -164,10 +163,10 @@ def test_forced_text_is_drafted_for_free(target, vocab):
     assert spec.stats.forced_accepted == spec.stats.forced_tokens >= 6
 
 
-def test_schema_output_validates_and_matches_plain_sampled_per_seed(target, vocab):
+def test_schema_output_validates_and_matches_plain_sampled_per_seed(target, grammar_vocab):
     """Sampling under a schema: every output is a complete document of the schema or stopped by
     max_tokens; a seeded request gives the same output alone and in a batch (plain decoding)."""
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     g = comp.compile(GrammarSpec("json_schema", json.dumps(TINY_SCHEMA)))
     reqs = [dict(prompt=[3, 4, 5 + i], max_tokens=60, grammar=g, eos_ids=frozenset({EOS}),
                  sampling=SamplingParams(0.9, seed=i)) for i in range(6)]
@@ -183,8 +182,8 @@ def test_schema_output_validates_and_matches_plain_sampled_per_seed(target, voca
     assert alone.tokens == plain[2].tokens
 
 
-def test_unsatisfiable_within_max_tokens_ends_by_length(target, vocab):
-    comp, pieces, ix = vocab
+def test_unsatisfiable_within_max_tokens_ends_by_length(target, grammar_vocab):
+    comp, pieces, ix = grammar_vocab
     g = comp.compile(GrammarSpec("regex", "qrstuvwxyz"))
     (plain,), (spec,) = plain_and(target, "ngram", [dict(prompt=[1, 2], max_tokens=4, grammar=g,
                                                           eos_ids=frozenset({EOS}))])
@@ -275,7 +274,7 @@ def test_penalised_greedy_equals_plain_and_the_reference(target, name):
     assert plain.tokens == penalised_reference(target, prompt, 24, sp)
 
 
-def test_request_checks(target, vocab):
+def test_request_checks(target, grammar_vocab):
     eng = Engine(target, {"none": create("none", target)}, max_batch=1, max_len=64)
     for req, needle in ((Request([1], 0), "max_tokens must be >= 1"),
                         (Request([1], 2, logprobs=21), "logprobs must be an integer in"),
@@ -303,12 +302,12 @@ def test_mask_kernel_equals_the_reference():
         assert torch.equal(fast, logits.masked_fill(~allowed(bm, vocab), float("-inf")))
 
 
-def test_greedy_rows_masked_only_where_the_argmax_is_forbidden(vocab):
+def test_greedy_rows_masked_only_where_the_argmax_is_forbidden(grammar_vocab):
     """A greedy shaper's rows have the argmax of the fully masked rows (rows whose argmax the grammar
     allows are left unmasked); a sampled shaper's rows are the fully masked rows."""
     from specserve.constrain import Shaper
     from specserve.constrain.grammar import apply_mask
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     g = comp.compile(GrammarSpec("json_schema", json.dumps(TINY_SCHEMA)))
     tokens, parents = [ix['{"'], ix["name"], ix['":"'], ix["a"]], [-1, 0, 1, 2]
     gen = torch.Generator().manual_seed(1)

@@ -3,7 +3,6 @@ the rate the target accepts it (``Controller.forced_rate``): hand-built cases on
 the shaper learning from commits, and the engine on a tiny random model (exact, and better drafts
 once the spelling is known)."""
 
-import pytest
 
 from conftest import grammar_compiler, tiny_model
 from specserve.constrain import GrammarSpec, Shaper
@@ -18,16 +17,10 @@ VOCAB = 64
 EOS = VOCAB - 1
 
 
-@pytest.fixture(scope="module")
-def vocab():
-    comp, pieces = grammar_compiler(VOCAB)
-    return comp, pieces, {p: i for i, p in enumerate(pieces)}
-
-
-def test_chain_spells_as_learnt_else_as_xgrammar(vocab):
+def test_chain_spells_as_learnt_else_as_xgrammar(grammar_vocab):
     """Regex "xyz(a|b)": the forced text "xyz" is "xy" + "z" for xgrammar; once the target was seen
     writing "x" then "y" there, the chain is x, y, then z (xgrammar's, where nothing was learnt)."""
-    comp, pieces, ix = vocab
+    comp, pieces, ix = grammar_vocab
     m = comp.compile(GrammarSpec("regex", "xyz(a|b)")).matcher()
     assert chain(m, 1, 8, None) == [ix["xy"], ix["z"]]
     sp = Spelling()
@@ -55,8 +48,8 @@ def test_spelling_keeps_the_newest_entries():
     assert sp.guess(0, "cd") is None and not sp.after and not sp.alone
 
 
-def test_shaper_learns_each_forced_token_it_commits(vocab):
-    comp, pieces, ix = vocab
+def test_shaper_learns_each_forced_token_it_commits(grammar_vocab):
+    comp, pieces, ix = grammar_vocab
     g = comp.compile(GrammarSpec("regex", "xyz(a|b)"))
     sp = Spelling()
     shaper = Shaper(g, SamplingParams(), [4, 1], VOCAB, sp)

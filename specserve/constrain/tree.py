@@ -16,7 +16,9 @@ path from the root.  A node is *forbidden* when the grammar rejects its token in
 - at every kept node none of whose children the grammar allows (the root included), the tokens the
   grammar forces next are proposed as a chain below it (jump-forward), spelt as the target spelt that
   text before where it did (``spelling``), else with xgrammar's tokens; where nothing is forced but
-  a mask allows exactly one token (an end of text), that token.
+  a mask allows exactly one token (an end of text), that token.  At a node whose allowed children are
+  all deterministic, a forced chain is added beside them when its first token is none of theirs (the
+  drafter spelt the forced text otherwise: both spellings are verified).
 
 ``masks`` fills one bitmask row per logits row of the pass (row 0: the root's state; row i + 1: node
 i's), so verification sees, at every position, the target's distribution masked by the grammar state
@@ -83,32 +85,32 @@ def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[b
     out = Shaped(keep)
     scratch = new_bitmask(1, matcher.vocab_size)
 
-    def forced_chain(at: int, depth: int) -> None:
+    def forced_chain(at: int, depth: int, beside: set[int]) -> None:
         budget = min(room - out.forced, max_depth - depth)
         if budget <= 0:
             return
         chain = spelled(matcher, tokens[at] if at >= 0 else prev, budget, spelling)
-        if not chain:
+        if not chain and not beside:
             matcher.fill(scratch, 0)
             only = single_token(scratch[0])
             chain = [only] if only is not None else []
-        if chain:
+        if chain and chain[0] not in beside:
             out.chains.append((at, chain))
 
     def visit(node: int, depth: int) -> None:            # the matcher is at ``node``'s state
         if matcher.terminated:                           # an end of text: nothing follows
             return
-        allowed_kids = 0
+        allowed: set[int] = set()
         for c in kids[node + 1]:
             if matcher.accept(tokens[c]):
                 keep.append(c)
-                allowed_kids += 1
+                allowed.add(-1 if drawn[c] else tokens[c])
                 visit(c, depth + 1)
                 matcher.rollback(1)
             elif drawn[c]:
                 keep.append(c)
-        if not allowed_kids and jump:
-            forced_chain(node, depth)
+        if jump and -1 not in allowed:
+            forced_chain(node, depth, allowed)
 
     visit(-1, 0)
     keep.sort()
