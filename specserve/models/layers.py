@@ -40,6 +40,10 @@ ATTENTION = ("sdpa", "invariant")
 QUERY_BLOCK = 16
 KEY_BLOCK = 64
 VIRTUAL_MAX_TOKENS = 80
+# On AVX2-only CPUs (AMD EPYC Zen 3) FBGEMM's fp16-weight GEMM computes a pass of 1 or 2 rows with other
+# microkernels than longer passes, and their bits differ; such passes (decoding, one drafted token) are
+# padded to 3 rows.  Longer passes whose last block holds 1 or 2 rows can still differ there.
+FBGEMM_MIN_ROWS = 3
 
 
 def fbgemm_available() -> bool:
@@ -69,7 +73,11 @@ class Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
         if self.kernel == "fbgemm":
-            y = torch.ops.aten.fbgemm_linear_fp16_weight(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
+            rows = x.reshape(-1, x.shape[-1])
+            m = rows.shape[0]
+            if m < FBGEMM_MIN_ROWS:           # the same microkernel as longer passes use (see FBGEMM_MIN_ROWS)
+                rows = torch.cat([rows, rows.new_zeros(FBGEMM_MIN_ROWS - m, rows.shape[1])])
+            y = torch.ops.aten.fbgemm_linear_fp16_weight(rows, self.packed, self.bias)[:m]
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
