@@ -40,10 +40,12 @@ ATTENTION = ("sdpa", "invariant")
 QUERY_BLOCK = 16
 KEY_BLOCK = 64
 VIRTUAL_MAX_TOKENS = 80
-# On AVX2-only CPUs (AMD EPYC Zen 3) FBGEMM's fp16-weight GEMM computes a pass of 1 or 2 rows with other
-# microkernels than longer passes, and their bits differ; such passes (decoding, one drafted token) are
-# padded to 3 rows.  Longer passes whose last block holds 1 or 2 rows can still differ there.
-FBGEMM_MIN_ROWS = 3
+# FBGEMM's fp16-weight GEMM is not row-invariant on AVX2-only CPUs (AMD EPYC Zen 3): the rows of a
+# block of 1 or 2 at the end of a pass come from other microkernels, with other bits.  So the fbgemm
+# Linear always calls it on exactly FBGEMM_ROWS rows (the last call padded with zeros): every row is
+# computed by the same call shape whatever the pass's length.  The price is arithmetic on the padding
+# (a decoding pass computes 6 rows) and one weight read per 6 rows of a prompt chunk.
+FBGEMM_ROWS = 6
 
 
 def fbgemm_available() -> bool:
@@ -74,10 +76,12 @@ class Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
         if self.kernel == "fbgemm":
             rows = x.reshape(-1, x.shape[-1])
-            m = rows.shape[0]
-            if m < FBGEMM_MIN_ROWS:           # the same microkernel as longer passes use (see FBGEMM_MIN_ROWS)
-                rows = torch.cat([rows, rows.new_zeros(FBGEMM_MIN_ROWS - m, rows.shape[1])])
-            y = torch.ops.aten.fbgemm_linear_fp16_weight(rows, self.packed, self.bias)[:m]
+            m, pad = rows.shape[0], -rows.shape[0] % FBGEMM_ROWS
+            if pad:
+                rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
+            blocks = [torch.ops.aten.fbgemm_linear_fp16_weight(rows[i:i + FBGEMM_ROWS], self.packed, self.bias)
+                      for i in range(0, rows.shape[0], FBGEMM_ROWS)]
+            y = torch.cat(blocks)[:m] if blocks else rows.new_zeros(0, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
