@@ -84,7 +84,7 @@ class Shaper:
             apply_mask(out, bitmask)
             return out
         words = bitmask.numpy()                                                       # [N + 1, W]
-        for r, t in enumerate(rowops.argmax_list(out)):                                # [N + 1] argmax
+        for r, t in enumerate(rowops.argmax(out).tolist()):                            # [N + 1] argmax
             if not (int(words[r, t >> 5]) >> (t & 31)) & 1:
                 apply_mask(out[r:r + 1], bitmask[r:r + 1])
         return out

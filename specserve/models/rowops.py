@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,18 +33,6 @@ def argmax(logits: Tensor) -> Tensor:
         from specserve.models.native import argmax_rows
         return argmax_rows(logits)
     return logits.argmax(-1)
-
-
-def argmax_list(logits: Tensor) -> list[int]:
-    """``argmax(logits).tolist()``, with less around the kernel (a step's shaping calls it on a few rows
-    right after the pass, when every torch call around it is slow with cold caches)."""
-    if _native_rows(logits) and logits.shape[1]:
-        from specserve.models.native import library
-        out = np.empty(logits.shape[0], dtype=np.int64)
-        library().ss_argmax_rows(logits.data_ptr(), logits.shape[0], logits.stride(0), logits.shape[1],
-                                 out.ctypes.data)
-        return out.tolist()
-    return logits.argmax(-1).tolist()
 
 
 def mask(logits: Tensor, bitmask: Tensor) -> None:
