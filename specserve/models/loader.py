@@ -18,6 +18,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import Decoder
+from specserve.models.gguf_file import GGUFFile
 from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
 from specserve.models.llama import Transformer
 from specserve.models.native import (F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, NativeWeight,
@@ -244,14 +245,17 @@ _NATIVE_GGUF = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": 
                 "Q6_K": Q6_K, "F16": F16}
 
 
+# The tokenizer's arrays (one element per token or merge): the loader needs only their length, and
+# the tokenizer is read by transformers' own GGUF support.
+_TOKENIZER_ARRAYS = frozenset(f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges"))
+
+
 def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:
     """Config and Hugging Face-named weights of a GGUF file.  With ``keep_blocks``, matrices in a
     format the native kernels read stay in their blocks (``NativeWeight``); otherwise everything is
     dequantized to fp32 by gguf's reference code."""
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(path)
+        reader = GGUFFile(path, skip=_TOKENIZER_ARRAYS)
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
         raise SpecserveError(f"cannot read GGUF file {path}: {e}") from None
     cfg = _gguf_config(reader)
@@ -279,22 +283,15 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
     return cfg, sd
 
 
-def _gguf_config(reader) -> ModelConfig:
+def _gguf_config(reader: GGUFFile) -> ModelConfig:
     """The model configuration from a GGUF file's fields (the tokenizer's long arrays skipped:
     only the vocabulary's size is needed here) and which tensors it holds."""
     import gguf
     import numpy as np
 
-    fields = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "scores", "token_type", "merges")):
-            if key == "tokenizer.ggml.tokens":
-                fields[key] = range(len(fld.data))  # only the count is needed here
-            continue
-        try:
-            fields[key] = fld.contents()
-        except Exception:  # noqa: BLE001 - fields we cannot decode are not ones we use
-            pass
+    fields = {k: v for k, v in reader.fields.items() if k not in _TOKENIZER_ARRAYS}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        fields["tokenizer.ggml.tokens"] = range(len(reader.fields["tokenizer.ggml.tokens"]))  # only the count
     names = {t.name for t in reader.tensors}
     factors = next((np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).ravel().tolist()
                     for t in reader.tensors if t.name == "rope_freqs.weight"), None)
