@@ -148,3 +148,68 @@ def grammar_compiler(vocab: int = 64):
     pieces = GRAMMAR_PIECES[:vocab - 1]
     pieces += [f"<x{i}>" for i in range(vocab - 1 - len(pieces))] + ["<eos>"]
     return GrammarCompiler.from_vocab(pieces, [vocab - 1]), pieces
+
+
+# ---- the two tiers --------------------------------------------------------------------------------
+# ``bash scripts/test.sh --fast`` runs every test not marked ``slow``, and sets SPECSERVE_FAST_TIER.
+# In that tier a real model or a subprocess is a mistake in the test's marking (it would make the
+# inner loop slow), so both fail loudly instead; ``smoke`` marks the one subprocess test it keeps.
+
+def _fast_tier_guard(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the fast tier runs no {what}: mark this test `slow` (or `smoke`)")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier(request, monkeypatch):
+    import os
+
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("smoke"):
+        yield
+        return
+    if os.environ.get("SPECSERVE_FAST_TIER") == "1":
+        import subprocess
+
+        from specserve.models import loader
+
+        for name in list(loader.NAMED_MODELS):
+            monkeypatch.setitem(loader.NAMED_MODELS, name, _fast_tier_guard(f"real model ({name})"))
+        monkeypatch.setattr(subprocess.Popen, "__init__", _fast_tier_guard("subprocess"))
+    yield
+
+
+# ---- the real models, loaded once per session -----------------------------------------------------
+
+@pytest.fixture(scope="session")
+def default_target():
+    """The default model (SmolLM2-135M-Instruct, int8 native runtime), loaded once for every module."""
+    from specserve.models.loader import load_model
+
+    return load_model("default")
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_target):
+    from specserve.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_target)
+
+
+@pytest.fixture(scope="session")
+def gemma_target():
+    """Gemma 3 270M (Q4_K_M), loaded once."""
+    from specserve.models.loader import load_model
+
+    return load_model("gemma3-270m")
+
+
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    if os.environ.get("SPECSERVE_FAST_TIER") != "1":
+        return
+    real = {"default_target", "default_tokenizer", "gemma_target"}
+    for item in items:
+        if not item.get_closest_marker("slow") and real & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid} uses a real model but is not marked slow")
