@@ -132,15 +132,15 @@ def test_eagle3_layout_trees_are_the_reference_trees():
 def test_narrow_heads_agree_to_float_tolerance(narrow, kind):
     """head_dim 8: RoPE's cos and sin of a few positions run partly on scalar code in the reference."""
     opts = {"head": tiny_head(kind, narrow), "topk": 3}
-    drive(narrow, kind, opts, PROMPTS[:3], steps=5, budgets=[0, 3, 8, 12], exact=False)
+    assert drive(narrow, kind, opts, PROMPTS[:3], steps=5, budgets=[0, 3, 8, 12], exact=False) > 20    # 46 measured
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_sampled_chains_beside_greedy_trees_keep_their_q_rows_and_draws(wide, kind):
     """A sampled tree of width 1 is the reference's chain: the same draws, the same q rows."""
     opts = {"head": tiny_head(kind, wide), "topk": 3}
-    drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 3, 5], samplings=[GREEDY] + SAMPLED, exact=exact(wide),
-          fast_only={"sample_width": 1})
+    assert drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 3, 5], samplings=[GREEDY] + SAMPLED,
+                 exact=exact(wide), fast_only={"sample_width": 1}) > 20                            # 46-48 measured
 
 
 def test_a_step_that_drafts_nothing_only_keeps_the_features(wide):
@@ -218,11 +218,13 @@ def test_rope_table_is_rotary():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_shipped_heads_on_the_default_model(kind):
+def test_shipped_heads_on_the_default_model(kind, default_target):
     from specserve.llm import LLM
-    llm = LLM("default", max_batch=1, max_len=1024)
+    llm = LLM(loaded=default_target, drafters=["ngram"], max_batch=1, max_len=1024)      # for its chat template
     texts = ["Write a haiku about autumn leaves.", "Explain how a transistor works, briefly.",
              "What is 17 * 23? Show the steps.", "Translate 'good morning, friends' into French and German."]
     prompts = [llm.encode([{"role": "user", "content": t}]) for t in texts]
     assert drive(llm.target, kind, {}, prompts, steps=4, budgets=[0, 4, 8, 16, 24]) > 100
-    drive(llm.target, kind, {}, prompts[:2], steps=3, budgets=[2, 6], samplings=SAMPLED, fast_only={"sample_width": 1})
+    # six sampled proposals of 2 or 6 nodes (depth limits 1-3 and any): 13-15 nodes measured
+    assert drive(llm.target, kind, {}, prompts[:2], steps=3, budgets=[2, 6], samplings=SAMPLED,
+                 fast_only={"sample_width": 1}) > 6

@@ -19,15 +19,28 @@ def target(request):
     return tiny_model(seed=21, vocab=64, layers=2, kernels=request.param)
 
 
-def drafters_for(target):
-    return {
-        "none": create("none", target),
-        "ngram": create("ngram", target, min_n=1, max_n=3),
-        "self": create("draft-model", target, model=target),
-        "random": create("draft-model", target, model=tiny_model(seed=5, vocab=64, layers=1)),
-        "oracle": create("oracle", target, alpha=0.5),
-        "tree": create("ngram-tree", target, max_n=3, max_matches=8),
-    }
+@pytest.fixture(scope="module")
+def random_draft():
+    return tiny_model(seed=5, vocab=64, layers=1)
+
+
+MAKERS = {
+    "none": lambda t, r: create("none", t),
+    "ngram": lambda t, r: create("ngram", t, min_n=1, max_n=3),
+    "self": lambda t, r: create("draft-model", t, model=t),
+    "random": lambda t, r: create("draft-model", t, model=r),
+    "oracle": lambda t, r: create("oracle", t, alpha=0.5),
+    "tree": lambda t, r: create("ngram-tree", t, max_n=3, max_matches=8),
+}
+
+
+def drafter(target, random_draft, name):
+    """A fresh drafter of the named kind (each engine gets its own, so no state carries over)."""
+    return MAKERS[name](target, random_draft)
+
+
+def drafters_for(target, random_draft):
+    return {name: drafter(target, random_draft, name) for name in MAKERS}
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +51,11 @@ def plain(target):
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("name", ["ngram", "self", "random", "oracle", "tree"])
-def test_greedy_identity_alone_and_batched(target, plain, name, k):
-    drafters = drafters_for(target)
-    alone = Engine(target, {name: drafters[name]}, max_batch=1, max_len=128)
+def test_greedy_identity_alone_and_batched(target, random_draft, plain, name, k):
+    alone = Engine(target, {name: drafter(target, random_draft, name)}, max_batch=1, max_len=128)
     for p, ref in zip(PROMPTS, plain):
         assert alone.generate([Request(p, 40, drafter=name, num_draft=k)])[0].tokens == ref
-    batched = Engine(target, {name: drafters_for(target)[name]}, max_batch=3, max_len=128)  # 5 requests, 3 slots
+    batched = Engine(target, {name: drafter(target, random_draft, name)}, max_batch=3, max_len=128)  # 5 requests, 3 slots
     outs = batched.generate([Request(p, 40, drafter=name, num_draft=k) for p in PROMPTS])
     assert [o.tokens for o in outs] == plain
 
@@ -54,8 +66,8 @@ def test_self_draft_accepts_everything(target, plain):
         assert out.stats.accepted_tokens == out.stats.drafted_tokens > 0
 
 
-def test_mixed_drafters_and_lengths_in_one_batch(target, plain):
-    eng = Engine(target, drafters_for(target), max_batch=5, max_len=128)
+def test_mixed_drafters_and_lengths_in_one_batch(target, random_draft, plain):
+    eng = Engine(target, drafters_for(target, random_draft), max_batch=5, max_len=128)
     reqs = [Request(p, 40, drafter=d, num_draft=k) for p, (d, k) in
             zip(PROMPTS, [("none", 0), ("ngram", 3), ("self", 5), ("random", 2), ("oracle", 8)])]
     assert [o.tokens for o in eng.generate(reqs)] == plain
@@ -149,14 +161,14 @@ def test_tree_drafter_accepts_more_than_its_first_branch(target, plain):
 
 
 @pytest.mark.parametrize("name,k", [("self", 4), ("tree", 8), ("ngram", 4)])
-def test_seeded_sampling_is_the_same_alone_and_batched(target, name, k):
+def test_seeded_sampling_is_the_same_alone_and_batched(target, random_draft, name, k):
     """Each sampled row draws from its own generator in amounts fixed by its own proposal, and the
     runtime is batch-invariant: a seeded request samples the same tokens alone and in a batch."""
     params = [SamplingParams(0.9, seed=s) for s in range(4)]
-    alone = Engine(target, {name: drafters_for(target)[name]}, max_batch=1, max_len=128)
+    alone = Engine(target, {name: drafter(target, random_draft, name)}, max_batch=1, max_len=128)
     solo = [alone.generate([Request(p, 24, sampling=sp, drafter=name, num_draft=k)])[0].tokens
             for p, sp in zip(PROMPTS, params)]
-    batched = Engine(target, {name: drafters_for(target)[name]}, max_batch=4, max_len=128)
+    batched = Engine(target, {name: drafter(target, random_draft, name)}, max_batch=4, max_len=128)
     outs = batched.generate([Request(p, 24, sampling=sp, drafter=name, num_draft=k) for p, sp in zip(PROMPTS, params)])
     assert [o.tokens for o in outs] == solo
 

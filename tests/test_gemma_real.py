@@ -28,8 +28,8 @@ N_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("gemma3-270m", max_batch=4, max_len=1024)
+def llm(gemma_target):
+    return LLM(loaded=gemma_target, max_batch=4, max_len=1024)
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +56,15 @@ def test_the_file_runs_k_quants_natively(llm):
     assert llm.target.config.layer_window(0) == 512 and llm.target.config.layer_window(5) == 0
 
 
-def test_logits_match_transformers_float32(llm):
+def test_logits_match_transformers_float32(llm, tmp_path):
     """fp32 activations: transformers' logits to 1e-3 over 540 positions (past the 512-position
     window); int8 activations (the default): the same next token at >= 80% of these random-token
     positions (off the text distribution, where the top logits are close; measured on an AMD EPYC:
-    86.7%)."""
-    from transformers import AutoModelForCausalLM
+    86.7%).  transformers reads a copy of the file without the tokenizer's fields (``tests/gguf_strip.py``:
+    its reader decodes the 262,144 tokens element by element), every tensor byte for byte the same."""
+    from gguf_strip import transformers_model
 
-    directory, gguf_file = llm.target.tokenizer_source()
-    hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32).eval()
+    hf = transformers_model(llm.target.path, tmp_path)
     ids = torch.randint(0, llm.target.config.vocab_size, (1, 540), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
@@ -91,12 +91,12 @@ CASES = [(name, 4) for name in sorted(DRAFTERS)] + [(name, "auto") for name in (
 
 
 @pytest.mark.parametrize("name,k", CASES)
-def test_greedy_identity(llm, prompts, plain, name, k):
+def test_greedy_identity(llm, prompts, plain, default_target, name, k):
     target = llm.target
     opts = dict(DRAFTERS[name])
     kind = opts.pop("drafter", name)
     if kind == "draft-model":
-        opts.setdefault("model", target)
+        opts["model"] = {None: target, "default": default_target}[opts.get("model")]     # loaded once
     drafter = create(kind, target, **opts)
     if kind == "oracle":
         for p, ref in zip(prompts, plain):
@@ -117,13 +117,13 @@ def test_the_default_models_heads_are_refused(llm):
             create(name, llm.target)
 
 
-def test_text_bridge_between_the_two_tokenizers(llm):
+def test_text_bridge_between_the_two_tokenizers(llm, default_tokenizer):
     """SmolLM2 (target) and Gemma 3 (draft) tokenizers: the draft reads the target's text, and its
     continuation comes back as the target's own tokens for that text (the last, possibly cut, dropped)."""
     from specserve.drafters.vocab_bridge import TextBridge
     from specserve.tokenizer import load_tokenizer
 
-    smol = load_tokenizer(load_model("default"))
+    smol = default_tokenizer
     gemma = load_tokenizer(llm.target)
     bridge = TextBridge(smol, gemma)
     context = smol.hf("The quick brown", add_special_tokens=False)["input_ids"]
@@ -135,13 +135,13 @@ def test_text_bridge_between_the_two_tokenizers(llm):
     assert bridge.to_target(context, [gemma.hf.eos_token_id]) == []          # the draft ended its text
 
 
-def test_a_draft_with_another_tokenizer_proposes_one_hot_under_sampling(llm, prompts):
+def test_a_draft_with_another_tokenizer_proposes_one_hot_under_sampling(llm, prompts, default_target):
     """Sampling with a cross-tokenizer draft: the draft drafts greedily and the proposal carries no q
     (one-hot), the case whose exactness the distribution tests cover for every deterministic drafter."""
     from specserve.drafters.base import DraftRequest
     from specserve.sampling import SamplingParams
 
-    d = create("draft-model", llm.target, model="default")
+    d = create("draft-model", llm.target, model=default_target)
     d.bind(1, 1024)
     hot = SamplingParams(temperature=0.8, seed=1)
     d.begin(0, prompts[1], hot, 8, generator=torch.Generator().manual_seed(1))

@@ -39,10 +39,22 @@ def hf_tiny(tmp_path, arch: str):
 TOLERANCE = {"torch": 1e-4, "native": 1e-4, "fbgemm": 3e-2}
 
 
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """One saved tiny transformers model per architecture, shared by the runtimes' cases."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = hf_tiny(tmp_path_factory.mktemp(f"hf-{arch}"), arch)
+        return made[arch]
+    return get
+
+
 @pytest.mark.parametrize("kernels", ["torch", "native", "fbgemm"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
-def test_logits_match_transformers(tmp_path, arch, kernels):
-    path, hf = hf_tiny(tmp_path, arch)
+def test_logits_match_transformers(hf_dirs, arch, kernels):
+    path, hf = hf_dirs(arch)
     ours = load_model(path, RuntimeOptions(kernels=kernels))
     assert ours.options.kernels == kernels
     ids = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))

@@ -18,8 +18,8 @@ RECORDS = [Record("a", "test", "chat", ("Name three colours.",)),
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("default", drafters=["ngram-tree"], max_batch=4, max_len=512)
+def llm(default_target):
+    return LLM(loaded=default_target, drafters=["ngram-tree"], max_batch=4, max_len=512)
 
 
 def test_answers_are_plain_greedy_and_second_turns_follow_the_first(llm, tmp_path):
