@@ -97,3 +97,20 @@ def test_default_model_file_matches_gguf_py():
     from specserve.models.loader import default_model_path
 
     assert_same_as_gguf_py(default_model_path(), skip=_TOKENIZER_ARRAYS)
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_a_copy_without_some_fields_keeps_everything_else(tmp_path, alignment):
+    """tests/gguf_strip.py (the copy transformers reads in the real-model parity tests): the dropped
+    fields are gone, the added one is there, every other field and every tensor is as before (gguf-py
+    reads the copy too)."""
+    from gguf_strip import strip_fields, u32_field
+
+    write_sample(tmp_path / "s.gguf", alignment)
+    drop = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "s.str"}
+    strip_fields(str(tmp_path / "s.gguf"), str(tmp_path / "c.gguf"), drop, [u32_field("llama.vocab_size", 51)])
+    src, dst = GGUFFile(str(tmp_path / "s.gguf")), GGUFFile(str(tmp_path / "c.gguf"))
+    assert dst.fields == {**{k: v for k, v in src.fields.items() if k not in drop}, "llama.vocab_size": 51}
+    assert [(t.name, t.tensor_type, t.shape) for t in dst.tensors] == [(t.name, t.tensor_type, t.shape) for t in src.tensors]
+    assert all(np.array_equal(a.data.view(np.uint8), b.data.view(np.uint8)) for a, b in zip(src.tensors, dst.tensors))
+    assert_same_as_gguf_py(tmp_path / "c.gguf")
