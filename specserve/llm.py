@@ -50,6 +50,27 @@ def stop_checker(tokenizer: Tokenizer, stops: list[str]):
     return hit
 
 
+def check_tokenizer(tokenizer: Tokenizer, target: LoadedModel) -> Tokenizer:
+    """``tokenizer``, refused (``SpecserveError``, naming why) unless every id it can produce is one of
+    ``target``'s (below its ``vocab_size``) and it names at least one end-of-text id, also within."""
+    size = target.config.vocab_size
+    vocab = tokenizer.vocab()
+    if not vocab:
+        raise SpecserveError(f"the tokenizer does not fit {target.path}: its vocabulary is empty", "tokenizer")
+    top = max(vocab.values())
+    if top >= size:
+        token = next(t for t, i in vocab.items() if i == top)
+        raise SpecserveError(f"the tokenizer does not fit {target.path}: its vocabulary reaches id {top} "
+                             f"({token!r}), the model has {size} ids (0-{size - 1})", "tokenizer")
+    if not tokenizer.eos_ids:
+        raise SpecserveError("the tokenizer names no end-of-text id (eos_ids is empty)", "tokenizer")
+    outside = sorted(i for i in tokenizer.eos_ids if not 0 <= i < size)
+    if outside:
+        raise SpecserveError(f"the tokenizer does not fit {target.path}: end-of-text id(s) {outside} outside "
+                             f"the model's {size} ids (0-{size - 1})", "tokenizer")
+    return tokenizer
+
+
 def trim_at_stop(text: str, stops: list[str]) -> str:
     """Cut the text before the earliest stop string, as OpenAI does."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
@@ -62,8 +83,12 @@ class LLM:
     def __init__(self, model: str = "default", options: RuntimeOptions | None = None,
                  drafters: Iterable[str | DrafterSpec] | Mapping[str, dict[str, Any]] | None = None,
                  max_batch: int = 16, max_len: int | None = 4096, loaded: LoadedModel | None = None,
-                 preload: bool = False, prefill: PrefillPolicy | None = None):
-        """``prefill``: chunked prefill and prefix reuse (default: chunks of 256, no prefix pool).
+                 preload: bool = False, prefill: PrefillPolicy | None = None, tokenizer: Tokenizer | None = None):
+        """``tokenizer``: the one to use instead of the model's own (``load_tokenizer``), e.g. a test's
+        toy tokenizer for a tiny model; its ``eos_ids`` are the end of text (the model's configured ones
+        are not added), and it is refused here (``SpecserveError``) unless its ids fit the model
+        (``check_tokenizer``).
+        ``prefill``: chunked prefill and prefix reuse (default: chunks of 256, no prefix pool).
         ``drafters``: specs (``"ngram:max_n=5"``; the label a request names is the drafter's name),
         or a mapping label -> options, where the option ``drafter`` names the registered drafter
         (default: the label) and ``k`` its default draft length; None (the default): ``auto``, every
@@ -71,7 +96,7 @@ class LLM:
         names no drafter gets (``default_drafter``).  ``none`` is always loaded; with ``preload`` so
         is every drafter that declares itself cheap (``Drafter.preload``)."""
         self.target = loaded or load_model(model, options)
-        self.tokenizer = load_tokenizer(self.target)
+        self.tokenizer = load_tokenizer(self.target) if tokenizer is None else check_tokenizer(tokenizer, self.target)
         specs: dict[str, DrafterSpec] = {"none": DrafterSpec("none")}
         if drafters is None:
             drafters = [DEFAULT_DRAFTER]

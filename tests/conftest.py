@@ -161,6 +161,15 @@ def _fast_tier_guard(what: str):
     return refuse
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_kernels_built():
+    """Build (or find) the native kernel library once, before any test's guard is up: its first load
+    in a process asks the compiler its version (a subprocess), whichever test happens to come first."""
+    from specserve.models import native
+
+    native.unavailable_reason()
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier(request, monkeypatch):
     import os

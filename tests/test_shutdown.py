@@ -1,7 +1,8 @@
 """Graceful shutdown of ``specserve serve``, end to end: the real CLI in a subprocess on loopback,
 real signals.  One server start per scenario: (1) a drain that lets 16 accepted streams (8 running,
 8 waiting) finish in full while /health and new requests get 503; (2) a deadline that ends long
-requests with ``server_shutting_down``; (3) a second signal that stops at once."""
+requests with ``server_shutting_down``; (3) a second signal that stops at once.  Signals reach a
+process, so these are subprocesses (the full tier); the flag check runs in process, through ``main()``."""
 
 import json
 import signal
@@ -14,8 +15,11 @@ import time
 import httpx
 import pytest
 
+from specserve.cli import main
+
 CLI = [sys.executable, "-m", "specserve.cli"]
 MAX_BATCH = 8
+PREFIX_CACHE_MB = "16"      # 22 blocks of the default model; the default 1 GiB is made resident at start
 REFUSAL = {"error": {"message": "server is shutting down", "type": "server_shutting_down", "param": None,
                      "code": None}}
 
@@ -34,7 +38,8 @@ class Served:
         self.log_path = tmp_path / f"serve-{self.port}.stderr"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(CLI + ["serve", "--port", str(self.port), "--max-batch", str(MAX_BATCH),
-                                                "--max-len", "1024", *flags],
+                                                "--max-len", "1024", "--prefix-cache-mb", PREFIX_CACHE_MB,
+                                                *flags],
                                          stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -152,9 +157,12 @@ def _join(streams: list[Stream], timeout: float) -> None:
     assert not any(s.is_alive() for s in streams), "some streams did not end"
 
 
-def test_bad_shutdown_timeout_is_one_line_error():
-    r = subprocess.run(CLI + ["serve", "--shutdown-timeout", "-1"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--shutdown-timeout must be >= 0" in r.stderr and "Traceback" not in r.stderr
+def test_bad_shutdown_timeout_is_one_line_error(capsys):
+    """Refused before the model loads: status 2, one line on stderr, no traceback."""
+    assert main(["serve", "--shutdown-timeout", "-1"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specserve: error: --shutdown-timeout must be >= 0"), err
 
 
 @pytest.mark.slow
