@@ -163,6 +163,7 @@ def test_sliding_window_model_greedy_identity_with_trees(drafter, k):
         assert [o.tokens for o in outs] == [r.tokens for r in plain]
 
 
+@pytest.mark.slow        # it resolves a real model's name, which the fast tier refuses before the package lookup
 def test_gemma3_270m_by_name_names_its_package_when_missing(monkeypatch):
     import importlib.util
 

@@ -218,6 +218,7 @@ def test_sliding_window_attention_sees_the_window_only_bit_for_bit(window):
     assert (tree.double() - reference_attention(qt, KC, VC, [1], tkeys, H // HKV)).abs().max() < 1e-5
 
 
+@pytest.mark.slow        # it runs the (missing) compiler, and the library is rebuilt after it: subprocesses
 def test_missing_compiler_is_a_clear_refusal(monkeypatch, tmp_path):
     from specserve.errors import SpecserveError
     from specserve.models import RuntimeOptions
