@@ -50,7 +50,9 @@ class GGUFTensor:
 
 class GGUFFile:
     """``fields``: key -> Python value (str, int, float, bool, list), or ``Skipped`` for an array
-    whose key is in ``skip``; ``tensors``: in file order."""
+    whose key is in ``skip``; ``tensors``: in file order.  Where each part lies in the file (byte
+    offsets, end exclusive): ``field_spans`` (key -> (start, end) of its key, type and value),
+    ``infos_span`` (the tensor infos) and ``data_start`` (the aligned data section)."""
 
     def __init__(self, path: str, skip: Iterable[str] = ()):
         self.path = path
@@ -66,12 +68,17 @@ class GGUFFile:
             raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
         n_tensors, n_fields = self._scalar("<Q"), self._scalar("<Q")
         self.fields: dict[str, Any] = {}
+        self.field_spans: dict[str, tuple[int, int]] = {}
         for _ in range(n_fields):
+            begin = self._pos
             key = self._string()
             self.fields[key] = self._value(self._scalar("<I"), skip=key in self._skip)
+            self.field_spans[key] = (begin, self._pos)
+        begin = self._pos
         infos = [self._tensor_info() for _ in range(n_tensors)]
+        self.infos_span = (begin, self._pos)
         align = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
-        start = -(-self._pos // align) * align
+        self.data_start = start = -(-self._pos // align) * align
         self.tensors = [self._tensor(name, dims, ttype, start + offset) for name, dims, ttype, offset in infos]
 
     # ---- the layout ---------------------------------------------------------------------------
