@@ -16,7 +16,7 @@ tier are then run against the full tier (slow tests too, real models).
 
     .venv/bin/python scripts/mutants.py --list             # every snippet (EXTRA's too) found exactly once?
     .venv/bin/python scripts/mutants.py --report results/mutants.md        # the MUTANTS list
-    .venv/bin/python scripts/mutants.py --only chain-accept-lt --only 'limits-*'
+    .venv/bin/python scripts/mutants.py --only chain-accept-le --only 'limits-*'
     .venv/bin/python scripts/mutants.py --extra --full --report results/mutants.md
     .venv/bin/python scripts/mutants.py --head ...          # the last commit (tests being edited on disk)
 
@@ -77,9 +77,9 @@ INT8_T = (T + "test_int8.py", T + "test_native.py", T + "test_model.py")
 
 MUTANTS: list[Mutant] = [
     # ---- verify/chain.py: greedy and sampled acceptance, the residual, the emitted tokens ----------
-    M("chain-accept-lt", CHAIN, "accept = (uniform * q_x <= p_x)", "accept = (uniform * q_x < p_x)",
-      "acceptance test u*q <= p made strict (differs only where u*q == p exactly)", *VERIFY_T),
-    M("chain-ratio-inverted", CHAIN, "accept = (uniform * q_x <= p_x)", "accept = (uniform * p_x <= q_x)",
+    M("chain-accept-le", CHAIN, "accept = (uniform * q_x < p_x)", "accept = (uniform * q_x <= p_x)",
+      "acceptance test u*q < p made non-strict (accepts a token p excludes when u = 0)", *VERIFY_T),
+    M("chain-ratio-inverted", CHAIN, "accept = (uniform * q_x < p_x)", "accept = (uniform * p_x < q_x)",
       "acceptance ratio inverted: accept with min(1, q/p)", *VERIFY_T),
     M("chain-valid-off-by-one", CHAIN, "torch.arange(k, device=num_draft.device)[None, :] < num_draft[:, None]",
       "torch.arange(k, device=num_draft.device)[None, :] <= num_draft[:, None]",
@@ -100,9 +100,11 @@ MUTANTS: list[Mutant] = [
       "greedy tree compares a node with the argmax at its own index, not its parent's row", *VERIFY_T),
     M("tree-greedy-path-as-chain", TREE, "node = np.where(here, par[rows, np.maximum(node, 0)], node)",
       "node = np.where(here, node - 1, node)", "accepted path walked up as if node - 1 were the parent", *VERIFY_T),
-    M("tree-rej-against-p", TREE, "if bool(uniform[c] * q_x <= r[x]):",
-      "if bool(uniform[c] * q_x <= target_probs[node + 1][x]):",
+    M("tree-rej-against-p", TREE, "if bool(uniform[c] * q_x < r[x]):",
+      "if bool(uniform[c] * q_x < target_probs[node + 1][x]):",
       "later siblings tested against p, not the residual r", *VERIFY_T),
+    M("tree-accept-le", TREE, "if bool(uniform[c] * q_x < r[x]):", "if bool(uniform[c] * q_x <= r[x]):",
+      "a sibling's acceptance test made non-strict (accepts a token r excludes when u = 0)", *VERIFY_T),
     M("tree-rej-unnormalised", TREE, "r = residual / residual.sum()", "r = residual",
       "residual not normalised before the next sibling's test", *VERIFY_T),
     M("tree-rej-recovered-from-r", TREE, "dist = residual if residual is not None else r", "dist = r",
@@ -189,8 +191,8 @@ MUTANTS: list[Mutant] = [
 # Run only with --extra (or named with --only): more of the same kinds of bug, kept checked by --list.
 EXTRA: list[Mutant] = [
     # ---- verify/chain.py: greedy and sampled acceptance, the residual, the emitted tokens ----------
-    M("chain-accept-unmasked", CHAIN, "accept = (uniform * q_x <= p_x) & _valid(num_draft, k)",
-      "accept = (uniform * q_x <= p_x)", "sampled acceptance ignores num_draft (padding can be accepted)", *VERIFY_T),
+    M("chain-accept-unmasked", CHAIN, "accept = (uniform * q_x < p_x) & _valid(num_draft, k)",
+      "accept = (uniform * q_x < p_x)", "sampled acceptance ignores num_draft (padding can be accepted)", *VERIFY_T),
     M("chain-greedy-no-cumprod", CHAIN, "match.long().cumprod(dim=1).sum(dim=1)", "match.long().sum(dim=1)",
       "greedy acceptance length counts every match, not the matching prefix", *VERIFY_T),
     M("chain-p-shifted", CHAIN, "p_x = target_probs[:, :k].gather(-1, idx)", "p_x = target_probs[:, 1:].gather(-1, idx)",
@@ -201,8 +203,8 @@ EXTRA: list[Mutant] = [
     M("tree-greedy-final-index", TREE, "final = argmax[rows, np.where(num_accepted > 0, best + 1, 0)]",
       "final = argmax[rows, np.where(num_accepted > 0, best, 0)]",
       "greedy tree bonus token read at the leaf's parent row", *VERIFY_T),
-    M("tree-rej-uniform-per-depth", TREE, "if bool(uniform[c] * q_x <= r[x]):",
-      "if bool(uniform[len(path)] * q_x <= r[x]):",
+    M("tree-rej-uniform-per-depth", TREE, "if bool(uniform[c] * q_x < r[x]):",
+      "if bool(uniform[len(path)] * q_x < r[x]):",
       "one uniform per depth shared by siblings (the same as chains on a chain)", *VERIFY_T),
     # ---- verify/rows.py: a step's routing ------------------------------------------------------------
     M("vrows-tree-as-chain", VROWS, "all(p == i - 1 for i, p in enumerate(self.parents))",

@@ -89,12 +89,24 @@ def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", 
 
 
 _HEADS: dict = {}
+_HEAD_ROOT: list = []       # one temporary folder for every head of the process, removed at its exit
+
+
+def _head_root() -> str:
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _HEAD_ROOT:
+        _HEAD_ROOT.append(tempfile.mkdtemp(prefix="specserve-test-heads-"))
+        atexit.register(shutil.rmtree, _HEAD_ROOT[0], True)
+    return _HEAD_ROOT[0]
 
 
 def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0) -> str:
     """An untrained head (random EAGLE layer of either layout, ``eagle`` or ``eagle3``; random Medusa
     blocks) for ``target`` over a reduced
-    vocabulary of its first three quarters of tokens, saved in a temporary folder whose path is returned."""
+    vocabulary of its first three quarters of tokens, saved in a temporary folder (removed when the process exits) whose path is returned."""
     import tempfile
 
     from specserve.drafters.heads import build, new_config, save_head
@@ -109,7 +121,7 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
         if kind == "medusa":
             for b in module.blocks:
                 torch.nn.init.normal_(b.weight, std=0.3)
-        d = tempfile.mkdtemp(prefix=f"specserve-{kind}-")
+        d = tempfile.mkdtemp(prefix=f"{kind}-", dir=_head_root())
         save_head(d, cfg, module, torch.arange(target.config.vocab_size * 3 // 4))   # a reduced vocabulary
         _HEADS[key] = d
     return _HEADS[key]

@@ -197,3 +197,19 @@ def test_tree_rejection_hand_built():
         u = torch.rand(3, generator=g) * 0.999 + 1e-4
         path, out = tree_rejection_verify_row(tokens, parents, None, p, u, -torch.log(torch.rand(V, generator=g)))
         assert path == [1] and out == [2, 5]
+
+
+def test_a_token_the_target_excludes_is_never_accepted_even_at_u_zero():
+    """u = 0 (torch.rand can return it) with p(x) = 0: the strict test u q(x) < p(x) rejects x, in
+    the batched path, the reference and the tree row; p(x) > 0 at u = 0 is accepted."""
+    p = torch.tensor([[[0.5, 0.5, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0]]])          # [1, 2, V]
+    q = torch.tensor([[[0.25, 0.25, 0.5, 0, 0, 0]]])                               # [1, 1, V]
+    u, noise = torch.zeros(1, 1), torch.ones(1, V)
+    for x, accepted in [(2, 0), (1, 1)]:
+        res = rejection_verify(torch.tensor([[x]]), torch.tensor([1]), q, p, u, noise)
+        assert int(res.num_accepted[0]) == accepted and res.row(0)[0] in (0, 1)
+        ref = reference_verify([x], q[0], p[0], None, u[0], noise[0])
+        assert ref == res.row(0)
+        for probs in (q[0], None):
+            path, out = tree_rejection_verify_row([x], [-1], probs, p[0], u[0], noise[0])
+            assert len(path) == accepted and out[0] in (0, 1)

@@ -14,7 +14,9 @@ Terms (used everywhere in specserve):
 Each step thus emits ``num_accepted + 1`` tokens.  Acceptance follows Leviathan, Kalman and Matias,
 "Fast Inference from Transformers via Speculative Decoding" (ICML 2023), Algorithm 1, and Chen et
 al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023): accept ``x``
-with probability ``min(1, p(x) / q(x))``.  The output is then distributed exactly as p.
+with probability ``min(1, p(x) / q(x))``.  The output is then distributed exactly as p.  With
+``u`` drawn from U[0, 1), the test is ``u * q(x) < p(x)``: strict, so a token that p gives no mass
+(outside top-k or top-p, or masked by a grammar) is never accepted, not even at ``u = 0``.
 
 Outputs are fixed-shape: ``tokens`` is ``[B, K+1]`` padded with ``PLACEHOLDER``; row b holds its
 accepted tokens followed by its recovered or bonus token.  Example (K=3)::
@@ -96,7 +98,7 @@ def rejection_verify(draft: Tensor, num_draft: Tensor, draft_probs: Tensor | Non
     idx = draft.clamp(min=0)[..., None]                                                # [B, K, 1]
     p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1)                              # [B, K]
     q_x = draft_probs.gather(-1, idx).squeeze(-1) if draft_probs is not None else torch.ones_like(p_x)
-    accept = (uniform * q_x <= p_x) & _valid(num_draft, k)                             # u < p/q
+    accept = (uniform * q_x < p_x) & _valid(num_draft, k)                              # u < p/q
     num_accepted = accept.long().cumprod(dim=1).sum(dim=1)                             # [B]
     rows = torch.arange(bsz, device=draft.device)
     p_final = target_probs[rows, num_accepted]                                         # [B, V]
@@ -138,7 +140,7 @@ def reference_verify(draft: list[int], draft_probs: Tensor | None, target_probs:
         p = target_probs[i]
         q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
             torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
-        if bool(uniform[i] * q[x] <= p[x]):
+        if bool(uniform[i] * q[x] < p[x]):
             out.append(x)
             continue
         residual = (p - q).clamp_min(0)

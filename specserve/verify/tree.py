@@ -123,7 +123,7 @@ def tree_rejection_verify_row(tokens: list[int], parents: list[int], draft_probs
             x = tokens[c]
             q = draft_probs[c] if draft_probs is not None else None
             q_x = q[x] if q is not None else torch.ones((), dtype=r.dtype, device=r.device)
-            if bool(uniform[c] * q_x <= r[x]):
+            if bool(uniform[c] * q_x < r[x]):
                 accepted = c
                 break
             q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(x, device=r.device),
