@@ -6,8 +6,8 @@ default model, greedy, 128 tokens, at draft sizes K = 4, 8 and auto and at concu
     .venv/bin/python scripts/eagle_step_time.py --only eagle:8:1 --repeat 20   # one configuration (for py-spy)
     .venv/bin/python scripts/eagle_step_time.py --split --impl ref,new       # propose() alone, and its products
 
-Times are the engine's own (``StepReport`` of each decoding step: draft_s, size_s, pass_s, verify_s,
-commit_s), the median over the steps that carried no prompt chunk (``step``: their sum; ``prod_s``:
+Times are the engine's own (``StepReport`` of each decoding step: each of ``specserve.stats.TIMERS``),
+the median over the steps that carried no prompt chunk (``step``: their sum; ``prod_s``:
 the part of draft_s in the head's matrix products, the native linear calls timed one by one); ``tok/step`` is tokens per
 sequence per step, ``nodes`` the nodes verified per step (all sequences).  ``--impl ref`` runs the
 drafters copied from before their drafting was vectorised (tests/eagle_reference.py); configurations
@@ -33,9 +33,10 @@ import torch
 from specserve.bench.datasets import MT_BENCH, load_jsonl
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
+from specserve.stats import TIMERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-FIELDS = ("draft_s", "size_s", "pass_s", "verify_s", "commit_s")
+FIELDS = TIMERS
 CLOCK = [0.0]                    # the drafters' matrix products in the current step (seconds)
 
 
@@ -172,7 +173,7 @@ def main() -> None:
     for e in engines.values():                                  # warm up every path once
         for name in ("eagle", "medusa"):
             run(e, [Request(toks[0], 16, drafter=name, num_draft=4)])
-    cols = ("draft_s", "prod_s", "pass_s", "verify_s", "commit_s", "size_s", "step", "draft%", "nodes", "tok/step", "tok/s")
+    cols = ("draft_s", "prod_s", "pass_s", "verify_s", "shape_s", "commit_s", "size_s", "step", "draft%", "nodes", "tok/step", "tok/s")
     print(f"{'config':22s}{'impl':5s}" + "".join(f"{c:>10s}" for c in cols) + "   (ms per step)")
     for name, k, conc in configs(args):
         ref_tokens = None

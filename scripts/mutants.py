@@ -65,6 +65,7 @@ def M(name: str, file: str, old: str, new: str, what: str, *tests: str) -> Mutan
 
 CHAIN, TREE, VROWS = "specserve/verify/chain.py", "specserve/verify/tree.py", "specserve/verify/rows.py"
 ROWS, CHOICE, LIMITS = "specserve/engine/rows.py", "specserve/control/choice.py", "specserve/server/limits.py"
+SETTINGS = "specserve/server/settings.py"
 FAULTS, DRAFTING, ENGINE = "specserve/engine/faults.py", "specserve/engine/drafting.py", "specserve/engine/engine.py"
 CTREE, SHAPER = "specserve/constrain/tree.py", "specserve/constrain/shaper.py"
 PENALTIES, SPELLING = "specserve/constrain/penalties.py", "specserve/constrain/spelling.py"
@@ -115,7 +116,7 @@ MUTANTS: list[Mutant] = [
     M("vrows-logits-shift", VROWS, "return logits[r.offset: r.offset + len(r.tokens) + 1]",
       "return logits[r.offset + 1: r.offset + len(r.tokens) + 2]",
       "sampled rows' logits sliced one row late", T + "test_verify.py", *ENGINE_T, T + "test_distribution.py"),
-    M("vrows-onehot-missing", VROWS, "q[b, torch.arange(n), draft[b, :n]] = 1.0",
+    M("vrows-onehot-missing", VROWS, "q[b, :n] = trees.one_hot_rows(draft[b, :n], vocab, q.dtype, dev)",
       "pass", "a deterministic row batched with q-carrying rows gets q = 0 (always accepted)",
       T + "test_verify.py", *ENGINE_T, T + "test_distribution.py"),
     # ---- engine/rows.py: KV lengths ----------------------------------------------------------------
@@ -150,11 +151,11 @@ MUTANTS: list[Mutant] = [
     M("penalty-negative-divided", PENALTIES, "torch.where(out > 0, out / repetition, out * repetition)",
       "out / repetition", "repetition penalty divides negative logits too (raising them)", T + "test_grammar.py",
       T + "test_distribution_grammar.py"),
-    # ---- server/limits.py ---------------------------------------------------------------------------------
-    M("limits-prompt-at-limit", LIMITS, "prompt_tokens > self.max_prompt_tokens",
+    # ---- server/settings.py (TokenLimits), server/limits.py (the body limit) ------------------------------
+    M("limits-prompt-at-limit", SETTINGS, "prompt_tokens > self.max_prompt_tokens",
       "prompt_tokens >= self.max_prompt_tokens",
       "a prompt of exactly --max-prompt-tokens refused", T + "test_server_limits.py", T + "test_server.py"),
-    M("limits-max-tokens-inverted", LIMITS, "max_tokens > self.max_tokens_limit", "max_tokens < self.max_tokens_limit",
+    M("limits-max-tokens-inverted", SETTINGS, "max_tokens > self.max_tokens_limit", "max_tokens < self.max_tokens_limit",
       "--max-tokens-limit check inverted", T + "test_server_limits.py", T + "test_server.py"),
     M("limits-chunked-uncounted", LIMITS, "received += len(message.get(\"body\", b\"\"))",
       "received = len(message.get(\"body\", b\"\"))", "a chunked body counted chunk by chunk, not in total",
@@ -207,9 +208,9 @@ EXTRA: list[Mutant] = [
       "if bool(uniform[len(path)] * q_x < r[x]):",
       "one uniform per depth shared by siblings (the same as chains on a chain)", *VERIFY_T),
     # ---- verify/rows.py: a step's routing ------------------------------------------------------------
-    M("vrows-tree-as-chain", VROWS, "all(p == i - 1 for i, p in enumerate(self.parents))",
-      "all(p <= i - 1 for i, p in enumerate(self.parents))",
-      "every topological tree taken for a chain", T + "test_verify.py", *ENGINE_T),
+    M("trees-tree-as-chain", "specserve/trees.py", "all(p == i - 1 for i, p in enumerate(parents))",
+      "all(p <= i - 1 for i, p in enumerate(parents))",
+      "every topological tree taken for a chain (verification, layout, merged drafts)", T + "test_verify.py", *ENGINE_T),
     # ---- engine/rows.py: KV lengths ----------------------------------------------------------------
     M("rows-prefix-off-by-one", ROWS, "self.cache.truncate(row, match.tokens)",
       "self.cache.truncate(row, match.tokens - 1)",
@@ -232,8 +233,8 @@ EXTRA: list[Mutant] = [
       T + "test_grammar.py", T + "test_distribution_grammar.py"),
     M("spelling-rollback-short", SPELLING, "matcher.rollback(len(out))", "matcher.rollback(max(len(out) - 1, 0))",
       "spelling a forced chain leaves the matcher one token ahead", T + "test_spelling.py", T + "test_grammar.py"),
-    # ---- server/limits.py ---------------------------------------------------------------------------------
-    M("limits-zero-accepted", LIMITS, "if value is not None and value < 1:", "if value is not None and value < 0:",
+    # ---- server/settings.py (TokenLimits) -----------------------------------------------------------------
+    M("limits-zero-accepted", SETTINGS, "if value is not None and value < 1:", "if value is not None and value < 0:",
       "a limit of 0 accepted at construction", T + "test_server_limits.py", T + "test_cli.py"),
     # ---- engine/faults.py (and the drafting calls it guards) -------------------------------------------
     M("faults-traceback-always", FAULTS, "first = key not in self._traced", "first = True",

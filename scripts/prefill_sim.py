@@ -17,7 +17,6 @@ from specserve.control import PrefillPolicy
 
 def run(llm: LLM, prompts: list[list[int]], stall: float) -> str:
     eng = Engine(llm.target, llm.engine.drafters, max_batch=16, max_len=4096, prefill=PrefillPolicy(256, stall))
-    eng.calibrate()
     t0 = time.perf_counter()
     ids = [eng.admit(Request(p, 64)) for p in prompts]
     seen, last, itl, steps = {i: 0 for i in ids}, {i: None for i in ids}, [], 0

@@ -2,12 +2,13 @@
 prompt, drafters' memory emptied before each request):
     python scripts/step_parts.py PER_GROUP METHOD...   (BENCHMARKS.md, section 17)
 Per method: tokens/s, steps, tokens per step, and per step the pass, drafting, the controller,
-verification, commit (with the drafters' feedback) and the rest (ms)."""
+verification, shaping, commit (with the drafters' feedback) and the rest (ms)."""
 import sys, time
 from specserve.bench.datasets import sample
 from specserve.drafters import DrafterSpec
 from specserve.llm import LLM
 from specserve.sampling import SamplingParams
+from specserve.stats import Timings
 
 per_group, methods = int(sys.argv[1]), sys.argv[2:]
 prompts, _ = sample(per_group, None)
@@ -18,7 +19,7 @@ eng, greedy = llm.engine, SamplingParams()
 ids = [llm.encode(p.text) for p in prompts]
 for m in methods:                                                   # warm-up
     eng.generate([llm.request(ids[0][:32], 8, greedy, m)])
-tot = {m: dict(passs=0.0, draft=0.0, size=0.0, verify=0.0, commit=0.0, wall=0.0, steps=0, toks=0) for m in methods}
+tot = {m: dict(times=Timings(), wall=0.0, steps=0, toks=0) for m in methods}
 for i, pid in enumerate(ids):
     for m in methods[i % len(methods):] + methods[:i % len(methods)]:
         llm.reset_memory()
@@ -28,13 +29,13 @@ for i, pid in enumerate(ids):
             eng.step()
             r = eng.last_step
             if r.sequences:
-                t["passs"] += r.pass_s; t["draft"] += r.draft_s; t["size"] += r.size_s
-                t["verify"] += r.verify_s; t["commit"] += r.commit_s; t["steps"] += 1
+                t["times"].add(r)
+                t["steps"] += 1
         t["toks"] += len(eng.take_result(sid).tokens)
         t["wall"] += time.perf_counter() - t0
 for m, t in tot.items():
     n = t["steps"]
-    rest = t["wall"] - t["passs"] - t["draft"] - t["size"] - t["verify"] - t["commit"]
-    print(f"{m:<42} {t['toks'] / t['wall']:6.1f} tok/s  {n} steps  {t['toks'] / n:.2f} tok/step | ms per step: pass "
-          f"{t['passs'] / n * 1e3:.2f} draft {t['draft'] / n * 1e3:.2f} controller {t['size'] / n * 1e3:.2f} verify "
-          f"{t['verify'] / n * 1e3:.2f} commit {t['commit'] / n * 1e3:.2f} rest {rest / n * 1e3:.2f}")
+    rest = t["wall"] - t["times"].total()
+    parts = " ".join(f"{k.removesuffix('_s')} {v / n * 1e3:.2f}" for k, v in t["times"].asdict().items())
+    print(f"{m:<42} {t['toks'] / t['wall']:6.1f} tok/s  {n} steps  {t['toks'] / n:.2f} tok/step | ms per step: "
+          f"{parts} rest {rest / n * 1e3:.2f}")

@@ -33,6 +33,7 @@ from specserve.engine.faults import PassFailed
 from specserve.errors import SpecserveError
 
 SWITCH_INTERVAL_S = 0.0002
+MAX_WAITING = 64        # the default bound on the waiting queue (past it: ``QueueFull``)
 
 
 class ErrorKind(enum.Enum):
@@ -93,7 +94,7 @@ class Handle:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_waiting: int = 64, metrics=None):
+    def __init__(self, engine: Engine, max_waiting: int = MAX_WAITING, metrics=None):
         self.engine, self.max_waiting, self.metrics = engine, max_waiting, metrics
         self.waiting: collections.deque[Handle] = collections.deque()
         self.active: dict[int, Handle] = {}

@@ -4,9 +4,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+TIMERS = ("draft_s", "size_s", "pass_s", "verify_s", "shape_s", "commit_s")   # a step's timed phases, in order
+
 
 @dataclass
-class RequestStats:
+class Timings:
+    """Seconds by phase: of one step (``StepTimes``, ``StepReport``), or of the steps a request took
+    part in (``RequestStats``, where steps shared with other sequences count fully for each).  The
+    names are ``TIMERS``; every report of where the time goes reads them from here."""
+    draft_s: float = 0.0              # drafters' propose calls, nothing else
+    size_s: float = 0.0               # the controller: node budgets, keeping the nodes that pay
+    pass_s: float = 0.0               # target passes (prompt chunks included)
+    verify_s: float = 0.0             # verification of the pass's logits, after the pass
+    shape_s: float = 0.0              # grammars and penalties: drafts checked, forced tokens, logits shaped
+    commit_s: float = 0.0             # committing tokens, the KV cache's compaction, feedback to drafters
+
+    def total(self) -> float:
+        """The phases' seconds summed."""
+        return sum(getattr(self, name) for name in TIMERS)
+
+    def asdict(self) -> dict[str, float]:
+        """The phases' seconds by name (``TIMERS`` only, whatever else the object holds)."""
+        return {name: getattr(self, name) for name in TIMERS}
+
+    def add(self, other: Timings, names: tuple[str, ...] = TIMERS) -> None:
+        """Add ``other``'s seconds in the phases ``names`` to these."""
+        for name in names:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class RequestStats(Timings):
     drafter: str = "none"
     synthetic: bool = False           # True for the oracle drafter: numbers are a study, not a product
     prompt_tokens: int = 0
@@ -18,16 +46,9 @@ class RequestStats:
     accepted_per_depth: list[int] = field(default_factory=list)   # [d]: steps that accepted >= d+1 tokens
     nodes_per_step: list[int] = field(default_factory=list)       # nodes drafted (chain: tokens), per step
     ttft_s: float = 0.0               # arrival -> first generated token
-    # where the time went (steps shared with other sequences count fully for each of them):
-    draft_s: float = 0.0              # drafter.propose, nothing else
-    size_s: float = 0.0               # the controller: node budgets, keeping the nodes that pay
-    pass_s: float = 0.0               # target passes (prompt chunks included)
-    verify_s: float = 0.0             # verification of the pass's logits (after the pass)
-    shape_s: float = 0.0              # grammar and penalties: drafts checked, forced tokens, masks
     forced_tokens: int = 0            # drafted because a grammar forced them (jump-forward)
     forced_accepted: int = 0          # ... of which accepted
-    commit_s: float = 0.0             # committing tokens, the KV cache's compaction, feedback to drafters
-    total_s: float = 0.0              # arrival -> last token
+    total_s: float = 0.0              # arrival -> last token (the phases' seconds are Timings')
     token_times: list[float] = field(default_factory=list)          # seconds since arrival, per token
     auto: bool = False                # draft sizes chosen by the controller
     drafter_faults: int = 0           # 1 when its drafter raised and it continued by plain decoding
@@ -84,8 +105,8 @@ class RequestStats:
 
     @property
     def other_s(self) -> float:
-        return max(self.total_s - self.draft_s - self.size_s - self.pass_s - self.verify_s - self.shape_s
-                   - self.commit_s, 0.0)
+        """The time outside the timed phases (queueing between steps, the scheduler, stop strings)."""
+        return max(self.total_s - self.total(), 0.0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -101,8 +122,7 @@ class RequestStats:
             "accepted_per_depth": list(self.accepted_per_depth), "acceptance_by_depth": self.acceptance_by_depth,
             "nodes_per_step": list(self.nodes_per_step), "mean_nodes_per_step": self.mean_nodes_per_step,
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
-            "ttft_s": self.ttft_s, "draft_s": self.draft_s, "size_s": self.size_s, "pass_s": self.pass_s,
-            "verify_s": self.verify_s, "shape_s": self.shape_s, "commit_s": self.commit_s,
+            "ttft_s": self.ttft_s, **self.asdict(),
             "forced_tokens": self.forced_tokens, "forced_accepted": self.forced_accepted,
             "other_s": self.other_s, "total_s": self.total_s, "tokens_per_second": self.tokens_per_second,
             "token_times_s": list(self.token_times), "auto": self.auto,

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from specserve.errors import SpecserveError
+from specserve.host import cache_root
 from specserve.models.loader import LoadedModel
 
 _lock = threading.Lock()
@@ -45,8 +46,7 @@ class Tokenizer:
 def _cache_dir(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve"))
-    return root / "tokenizers" / key
+    return cache_root() / "tokenizers" / key
 
 
 @lru_cache(maxsize=8)

@@ -213,3 +213,24 @@ def test_a_token_the_target_excludes_is_never_accepted_even_at_u_zero():
         for probs in (q[0], None):
             path, out = tree_rejection_verify_row([x], [-1], probs, p[0], u[0], noise[0])
             assert len(path) == accepted and out[0] in (0, 1)
+
+
+def test_a_sampled_row_verifies_the_same_alone_and_beside_rows_that_carry_q():
+    """verify_rows: a one-hot (deterministic) chain's outcome does not depend on being batched with
+    a row that carries q (its q is then one-hot, never zero); 20 seeds, logits fixed."""
+    from specserve.sampling import SamplingParams
+    from specserve.verify.rows import Row, verify_rows
+
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(3))           # [M, V]
+    q = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(4)), -1)
+    sampling = SamplingParams(1.0)
+    differs = 0
+    for seed in range(20):
+        def rows(with_q: bool) -> list[Row]:
+            one_hot = Row([1, 2, 3], None, None, 0, sampling, torch.Generator().manual_seed(seed))
+            drawn = Row([0, 4, 5], None, q, 4, sampling, torch.Generator().manual_seed(seed + 100))
+            return [one_hot, drawn] if with_q else [one_hot]
+        alone, batched = verify_rows(rows(False), logits), verify_rows(rows(True), logits)
+        assert (alone[0].path, alone[0].tokens) == (batched[0].path, batched[0].tokens)
+        differs += len(alone[0].path) < 3
+    assert differs >= 5                     # the one-hot row is rejected often: the check can tell

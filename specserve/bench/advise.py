@@ -28,11 +28,13 @@ import torch
 from specserve.bench.replay import accepted_path
 from specserve.control import Controller, CostModel, Slot
 from specserve.control.controller import part_key
+from specserve.control.prefill import PREFILL_CHUNK
 from specserve.drafters.base import DraftProposal, DraftRequest, Feedback
 from specserve.engine.drafting import traits_of
-from specserve.engine.types import MAX_DRAFT
 from specserve.errors import SpecserveError
+from specserve.limits import MAX_DRAFT
 from specserve.sampling import SamplingParams
+from specserve.stats import TIMERS
 
 GREEDY = SamplingParams()
 
@@ -67,7 +69,7 @@ def teacher_features(llm, prompts: list[list[int]], continuations: list[list[int
 
 
 def replay_level(llm, label: str, k, prompts: list[list[int]], continuations: list[list[int]], feats: list[dict],
-                 level: int, max_tokens: int, cost: CostModel | None = None, chunk: int = 256) -> Replayed:
+                 level: int, max_tokens: int, cost: CostModel | None = None, chunk: int = PREFILL_CHUNK) -> Replayed:
     """``label``'s replay over the sample at ``level`` rows (the module docstring); ``cost``: the cost
     model with its correction as plain decoding at this level left it (default: the LLM engine's)."""
     drafter = llm._drafters[label]
@@ -150,7 +152,7 @@ def pass_share(results) -> float | None:
     stats = [r.stats if hasattr(r, "stats") else r for r in results]
     get = (lambda x, k: x[k]) if stats and isinstance(stats[0], dict) else getattr
     passes = sum(get(x, "pass_s") for x in stats)
-    engine = passes + sum(get(x, k) for x in stats for k in ("draft_s", "size_s", "verify_s", "commit_s"))
+    engine = sum(get(x, k) for x in stats for k in TIMERS)
     return passes / engine if engine > 0 else None
 
 

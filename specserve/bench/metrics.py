@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from specserve.stats import TIMERS
+
 
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default), q in [0, 100]; NaN for no values."""
@@ -62,7 +64,7 @@ def draft_sizes(recs: list[dict]) -> dict:
             "measured_over_predicted_p50": percentile(ratios, 50), "measured_over_predicted_p90": percentile(ratios, 90)}
 
 
-TIME_PARTS = ("draft", "size", "pass", "verify", "shape", "commit", "other")   # RequestStats' timers, summing to total_s
+TIME_PARTS = tuple(name.removesuffix("_s") for name in TIMERS) + ("other",)   # summing to total_s
 
 
 def time_share(recs: list[dict], key: str) -> float:

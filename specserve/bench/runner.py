@@ -26,6 +26,7 @@ from specserve.bench.metrics import speedups, summarize
 from specserve.bench.structured import grammars, valid
 from specserve.drafters import DrafterSpec
 from specserve.errors import SpecserveError
+from specserve.host import cpu_info
 from specserve.sampling import SamplingParams
 
 MAX_LEN = 4096          # context length of the bench's engines
@@ -80,12 +81,8 @@ class BenchConfig:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (figures are only comparable on one CPU), or platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
+    """The CPU's model name (figures are only comparable on one CPU)."""
+    return cpu_info().name
 
 
 def _progress(label: str, i: int, n: int) -> None:

@@ -7,7 +7,7 @@ Modules, and what each owns:
 * ``measure``: the only module that runs a model: it measures the cost model's table, once per
   engine at construction, kept on disk per model, CPU and runtime.
 * ``acceptance``: ``AcceptanceModel`` (a node's **gain**: its probability of acceptance) and
-  ``decayed``, the one decayed average used everywhere.
+  ``decayed``, the running decayed average (``specserve.averages``).
 * ``choice``: the **rate** rule and ``choose`` (the nodes a step keeps), probes.
 * ``controller``: ``Controller``, the one object the engine asks each step (budgets, kept nodes,
   probes, threads), from the drafters' declared ``Traits`` and plain numbers.
@@ -15,7 +15,8 @@ Modules, and what each owns:
 * ``prefill``: ``PrefillPolicy`` and the prefill planner (how many prompt tokens each pass takes).
 """
 
-from specserve.control.acceptance import AcceptanceModel, decayed
+from specserve.averages import decayed
+from specserve.control.acceptance import AcceptanceModel
 from specserve.control.choice import Candidate, ProbeState, choose, rate
 from specserve.control.controller import AUTO, Controller, Slot, StepPlan, Traits
 from specserve.control.cost import LONG_RUN, CostModel

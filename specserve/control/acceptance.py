@@ -9,17 +9,12 @@ for confidence-carrying drafts; a new sequence starts from its drafter's recent 
 prior), whose weight is bounded and whose calibration is floored (``prior_floor``), so one kind of
 prompt cannot decide the next kind's draft alone.
 
-``decayed`` is the one exponentially decayed average the controller uses everywhere.
+Its decayed counts fade as ``specserve.averages`` does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-
-def decayed(old: float | None, new: float, weight: float) -> float:
-    """The decayed average after observing ``new`` with ``weight`` (the first observation: itself)."""
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 @dataclass

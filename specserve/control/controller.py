@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.control.acceptance import AcceptanceModel, decayed
+from specserve.averages import decayed
+from specserve.control.acceptance import AcceptanceModel
 from specserve.control.choice import Candidate, ProbeState, choose, rate
 from specserve.control.cost import CostModel
 from specserve.control.threads import ThreadGovernor

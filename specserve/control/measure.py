@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from specserve.control.cost import LONG_RUN, CostModel
+from specserve.host import cache_root, cpu_info
 from specserve.models.timing import median_seconds
 
 VERSION = 1          # of the measurement procedure: a change re-measures
@@ -73,20 +74,13 @@ def _table_top(max_tokens: int) -> int:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "costs"
+    return cache_root() / "costs"
 
 
 def _cpu() -> str:
     """The CPU's model name and feature flags (a different machine measures again)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {}
-    for line in info.splitlines():
-        k, _, v = line.partition(":")
-        fields.setdefault(k.strip(), v.strip())
-    return f"{fields.get('model name', '')}|{fields.get('flags', '')}|{os.cpu_count()}"
+    cpu = cpu_info()
+    return f"{cpu.name}|{' '.join(cpu.flags)}|{cpu.cores}"
 
 
 def identity(path: str, options, model) -> str | None:

@@ -24,12 +24,15 @@ from specserve.control.cost import CostModel
 from specserve.errors import SpecserveError
 from specserve.prefix_cache import BLOCK
 
+PREFILL_CHUNK = 256     # the default chunk: most prompt tokens one pass takes
+PREFILL_STALL = 5.0     # the default stall: a step with prompt chunks may take this many times a decoding step
+
 
 @dataclass(frozen=True)
 class PrefillPolicy:
-    chunk: int | None = 256         # most prompt tokens one pass takes; None: every prompt whole, in one pass
-    stall: float = 5.0              # a step with prompt chunks may take this many times a decoding step
-    prefix_cache_mb: float = 0.0    # the prefix pool's memory (0: no reuse)
+    chunk: int | None = PREFILL_CHUNK   # most prompt tokens one pass takes; None: every prompt whole, in one pass
+    stall: float = PREFILL_STALL        # a step with prompt chunks may take this many times a decoding step
+    prefix_cache_mb: float = 0.0        # the prefix pool's memory (0: no reuse)
 
     def check(self) -> None:
         """Refuse settings that cannot work (at construction: nothing is rewritten silently)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specserve.control.acceptance import decayed
+from specserve.averages import decayed
 
 
 class ThreadGovernor:

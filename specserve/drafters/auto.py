@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ import torch
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
 from specserve.drafters.registry import create, drafter_class, register, resolve_options
 from specserve.errors import SpecserveError
+from specserve.limits import MAX_DRAFT, NO_LIMIT
+from specserve.trees import is_chain, one_hot_rows
 
 DEFAULT_PARTS = "ngram-tree+suffix/own=0"   # "default": suffix matches the corpus alone (ngram-tree has the
                                             # text); a learned head joins when named (its features cost
@@ -97,7 +99,7 @@ class AutoDrafter(Drafter):
     confidence = True
     preload = False
     Options = AutoOptions
-    max_auto_draft = 32
+    max_auto_draft = MAX_DRAFT
 
     def __init__(self, target: Any = None, **options: Any):
         self.opts = self.Options(**options)
@@ -109,7 +111,7 @@ class AutoDrafter(Drafter):
                 self._parts[name] = create(name, target, **opts)
             except SpecserveError as e:
                 raise SpecserveError(f"auto part {name!r}: {e}") from None
-        self.max_auto_draft = min(32, sum(p.max_auto_draft for p in self._parts.values()))
+        self.max_auto_draft = min(MAX_DRAFT, sum(p.max_auto_draft for p in self._parts.values()))
         self.feature_layers = tuple(sorted({x for p in self._parts.values() for x in p.feature_layers}))
         self.wants_predictions = any(p.wants_predictions for p in self._parts.values())
         self.last: dict[int, dict[str, tuple[DraftProposal, list[tuple[int, ...]]]]] = {}
@@ -200,16 +202,16 @@ def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
     drawn = {n: p for n, p in props.items() if p.probs is not None}
     if len(fixed) == 1 and not drawn:                 # one part proposed: its tree as it is (a trie already)
         (name, p), = fixed.items()
-        p = p.truncated(k, 1 << 30)
+        p = p.truncated(k, NO_LIMIT)
         conf = p.confidence or [1.0] * len(p)
-        return DraftProposal(p.tokens, None, p.parents, conf, None, [{name: c} for c in conf])
+        return replace(p, confidence=conf, future_gain=None, origins=[{name: c} for c in conf])
     tokens, parents, origins = _trie(fixed, k)
     probs_rows: list[torch.Tensor] = []
     for name, p in drawn.items():
         room = k - len(tokens)
         if room <= 0:
             break
-        p = p.truncated(room, 1 << 30)
+        p = p.truncated(room, NO_LIMIT)
         base = len(tokens)
         tokens += p.tokens
         parents += [q if q < 0 else q + base for q in p.parent_list()]
@@ -222,12 +224,10 @@ def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
     if probs_rows:
         vocab = probs_rows[0].shape[1]
         n_fixed = len(tokens) - sum(r.shape[0] for r in probs_rows)
-        head = torch.zeros(n_fixed, vocab, dtype=probs_rows[0].dtype, device=probs_rows[0].device)
-        head[torch.arange(n_fixed), torch.tensor(tokens[:n_fixed], dtype=torch.long)] = 1.0
+        head = one_hot_rows(tokens[:n_fixed], vocab, probs_rows[0].dtype, probs_rows[0].device)
         probs = torch.cat([head] + probs_rows)
     conf = [max(o.values()) for o in origins]
-    chain = all(q == i - 1 for i, q in enumerate(parents))
-    return DraftProposal(tokens, probs, None if chain else parents, conf, None, origins)
+    return DraftProposal(tokens, probs, None if is_chain(parents) else parents, conf, None, origins)
 
 
 def _trie(props: dict[str, DraftProposal], k: int) -> tuple[list[int], list[int], list[dict[str, float]]]:

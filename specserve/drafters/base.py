@@ -38,13 +38,15 @@ them from there, with no per-drafter code of their own.  A request's draft lengt
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable, ClassVar, get_type_hints
 
 import torch
 from torch import Tensor
 
+from specserve import trees
 from specserve.constrain.tree import paths_of
+from specserve.limits import NO_LIMIT
 from specserve.sampling import SamplingParams
 
 REQUIRED = object()      # the default of an option that must be given
@@ -88,7 +90,7 @@ class DraftRequest:
     tokens: list[int]          # prompt + generated so far; tokens[-1] is the pending token
     k: int                     # node budget: propose at most this many nodes
     sampling: SamplingParams
-    max_depth: int = 1 << 30   # no node deeper than this (the engine: tokens left to generate - 1)
+    max_depth: int = NO_LIMIT  # no node deeper than this (the engine: tokens left to generate - 1)
     parts: dict[str, int] | None = None   # a merging drafter (``parts()``): each part's node budget,
                                           # chosen by the controller; None: every part gets ``k``
 
@@ -116,10 +118,10 @@ class DraftProposal:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
+        return trees.is_chain(self.parents)
 
     def parent_list(self) -> list[int]:
-        return list(self.parents) if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+        return trees.parent_list(self.parents, len(self.tokens))
 
     @property
     def own(self) -> int:
@@ -179,14 +181,12 @@ class DraftProposal:
             return self
         parents = self.parent_list()
         new_index = {old: new for new, old in enumerate(keep)}
-        own = self.own
-        return DraftProposal([self.tokens[i] for i in keep],
-                             self.probs[keep] if self.probs is not None and keep else None,
-                             None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
-                             [self.confidence[i] for i in keep] if self.confidence is not None else None,
-                             [self.future_gain[i] for i in keep] if self.future_gain is not None else None,
-                             [self.origins[i] for i in keep] if self.origins is not None else None,
-                             sum(1 for i in keep if i >= own))
+        pick = (lambda xs: None if xs is None else [xs[i] for i in keep])
+        probs = self.probs[keep] if self.probs is not None and keep else None
+        return replace(self, tokens=pick(self.tokens), probs=probs,
+                       parents=None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
+                       confidence=pick(self.confidence), future_gain=pick(self.future_gain), origins=pick(self.origins),
+                       forced=sum(1 for i in keep if i >= self.own))
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""

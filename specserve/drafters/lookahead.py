@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from specserve.averages import Rate
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
 from specserve.drafters.ngram_tree import ngram_tree_propose
-from specserve.drafters.rate import Rate
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
 

@@ -44,8 +44,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specserve.averages import Rate
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
-from specserve.drafters.rate import Rate
 from specserve.drafters.registry import register
 from specserve.drafters.trie import TrieOptions, own_matches, trie_proposal
 from specserve.errors import SpecserveError

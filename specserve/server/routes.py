@@ -16,11 +16,11 @@ from specserve.llm import LLM
 from specserve.sampling import SamplingParams
 from specserve.scheduler import ErrorKind, Handle, QueueFull, RequestError, Scheduler
 from specserve.server.errors import API_PARAM, error, request_error
-from specserve.server.limits import TokenLimits
 from specserve.server.logprobs import chat_logprobs, completion_logprobs
 from specserve.server.metrics import Metrics
 from specserve.server.requestlog import log_fields, result_fields
 from specserve.server.schemas import ChatRequest, CompletionRequest
+from specserve.server.settings import ServerSettings
 from specserve.server.streaming import Reply, TextStream, sse
 
 
@@ -32,9 +32,7 @@ class Service:
     metrics: Metrics
     model_name: str
     default_drafter: str = "none"
-    request_timeout_s: float = 600.0
-    default_max_tokens: int = 256
-    limits: TokenLimits = TokenLimits()
+    settings: ServerSettings = ServerSettings()
 
 
 def add_routes(app: FastAPI, svc: Service) -> None:
@@ -114,19 +112,19 @@ def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list
     drafter = spec.drafter if spec and spec.drafter else svc.default_drafter
     k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
     max_tokens = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None),
-                      svc.default_max_tokens)
+                      svc.settings.fallback_max_tokens)
     max_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     seed = body.seed % (2**63) if body.seed is not None else None
     log.update(drafter=drafter, prompt_tokens=len(prompt_ids), max_tokens=max_tokens)
     try:
-        svc.limits.check(len(prompt_ids), "messages" if chat else "prompt", max_tokens, max_field)
+        svc.settings.limits.check(len(prompt_ids), "messages" if chat else "prompt", max_tokens, max_field)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed, body.presence_penalty,
                                   body.frequency_penalty, body.repetition_penalty)
         grammar = body.response_format.spec() if body.response_format is not None else None
         logprobs, prompt_logprobs = body.logprob_counts()
         req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops(), grammar, logprobs,
                               prompt_logprobs)
-        return svc.scheduler.submit(req, svc.request_timeout_s, asyncio.get_running_loop())
+        return svc.scheduler.submit(req, svc.settings.request_timeout_s, asyncio.get_running_loop())
     except SpecserveError as e:
         return error(400, str(e), API_PARAM.get(e.param, e.param))
     except QueueFull:

@@ -8,10 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from specserve.constrain import GrammarSpec
 from specserve.constrain.grammar import from_response_format
+from specserve.limits import MAX_DRAFT, MAX_LOGPROBS
 
 MAX_STOP = 4            # OpenAI's limit
-MAX_DRAFT = 32          # the engine's limit (specserve.engine.MAX_DRAFT)
-MAX_LOGPROBS = 20       # the engine's limit (specserve.engine.types.MAX_LOGPROBS), OpenAI's too
 MAX_GRAMMAR = 100_000   # characters of a regular expression or grammar
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from specserve import trees
 from specserve.sampling import SamplingParams, exponential_noise, processed_probs
 from specserve.verify.chain import greedy_verify_argmax, rejection_verify
 from specserve.verify.tree import greedy_tree_verify_argmax, tree_rejection_verify_row
@@ -36,10 +37,10 @@ class Row:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
+        return trees.is_chain(self.parents)
 
     def parent_list(self) -> list[int]:
-        return list(self.parents) if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+        return trees.parent_list(self.parents, len(self.tokens))
 
 
 @dataclass
@@ -123,7 +124,7 @@ def _sampled_chains(rows: list[Row], logits: list[Tensor]) -> list[Outcome]:
             if r.probs is not None:
                 q[b, :n] = r.probs.to(dev)
             elif n:
-                q[b, torch.arange(n), draft[b, :n]] = 1.0                               # one-hot draft
+                q[b, :n] = trees.one_hot_rows(draft[b, :n], vocab, q.dtype, dev)               # one-hot draft
     res = rejection_verify(draft, num, q, target, uniform, noise)
     return [Outcome(list(range(int(res.num_accepted[b]))), res.row(b)) for b in range(bsz)]
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from specserve.host import cache_root, cpu_info
+
 HERE = Path(__file__).parent
 # Each source with the instruction sets it is compiled for: the base set everywhere, and the int8
 # kernels' VNNI paths (q8.h) in files of their own, called only where the CPU has them.
@@ -49,19 +51,11 @@ BLOCK_BYTES = {F32: 32, F16: 16, Q8_0: 34, Q4_1: 20, Q4_0: 18, Q5_0: 22, Q5_1: 2
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve")) / "kernels"
+    return cache_root() / "kernels"
 
 
-@lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(cpu_info().flags)
 
 
 def unavailable_reason() -> str | None:

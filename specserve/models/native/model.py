@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from specserve.limits import NO_LIMIT
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import ForwardOutput, Layout, PartTimer, logit_rows
 from specserve.models.kv_cache import KVCache
@@ -117,7 +118,7 @@ class NativeTransformer(nn.Module):
 
     kernel = "native"
     attention = "native"
-    invariant_tokens = 1 << 30        # every kernel is invariant, whatever the pass holds
+    invariant_tokens = NO_LIMIT       # every kernel is invariant, whatever the pass holds
 
     def __init__(self, cfg: ModelConfig, sd: dict, activations: str = "auto"):
         super().__init__()

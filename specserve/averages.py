@@ -1,6 +1,18 @@
-"""``Rate``: the one exponentially decayed average the drafters keep (agreement, calibration)."""
+"""Exponentially decayed averages: the two forms every layer uses, so old evidence fades one way.
+
+* ``decayed(old, new, weight)``: the running average of a value (a cost, a rate of seconds, a
+  share), each new observation given ``weight``; the controller's costs and the thread governor.
+* ``Rate``: a decayed success rate with a prior, (successes + prior x weight) / (trials + weight),
+  every observation first multiplying the sums so far by ``decay``; the drafters' agreement and
+  calibration counts.
+"""
 
 from __future__ import annotations
+
+
+def decayed(old: float | None, new: float, weight: float) -> float:
+    """The decayed average after observing ``new`` with ``weight`` (the first observation: itself)."""
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 class Rate:

@@ -1,0 +1,7 @@
+"""The limits every layer shares, each defined once (this module imports nothing from specserve)."""
+
+from __future__ import annotations
+
+MAX_DRAFT = 32          # largest node budget (draft length) a request may ask for, or ``auto`` may choose
+MAX_LOGPROBS = 20       # most top logprobs a request may ask for per position (OpenAI's limit)
+NO_LIMIT = 1 << 30      # a bound that never binds: no depth limit on a draft, no size limit on a pass
