@@ -120,14 +120,14 @@ MUTANTS: list[Mutant] = [
       "pass", "a deterministic row batched with q-carrying rows gets q = 0 (always accepted)",
       T + "test_verify.py", *ENGINE_T, T + "test_distribution.py"),
     # ---- engine/rows.py: KV lengths ----------------------------------------------------------------
-    M("rows-keep-not-rolled-back", ROWS, "self.cache.truncate(row, start + len(kept))",
-      "self.cache.truncate(row, start + len(kept) + 1)",
+    M("rows-keep-not-rolled-back", ROWS, "self.cache.set_length(row, start + len(kept))",
+      "self.cache.set_length(row, start + len(kept) + 1)",
       "KV length not rolled back past one rejected slot", *ENGINE_T),
     M("rows-keep-no-compact", ROWS, "        self.cache.compact(row, start, kept)\n", "",
       "accepted tree path's KV entries not moved into place", *ENGINE_T),
-    M("rows-take-not-emptied", ROWS, "        self.cache.truncate(row, 0)\n", "",
+    M("rows-take-not-emptied", ROWS, "        self.cache.set_length(row, 0)\n", "",
       "a reused row keeps the previous sequence's length", *ENGINE_T),
-    M("rows-extend-sets", ROWS, "self.cache.truncate(row, self.cache.lengths[row] + n)", "self.cache.truncate(row, n)",
+    M("rows-extend-sets", ROWS, "self.cache.set_length(row, self.cache.lengths[row] + n)", "self.cache.set_length(row, n)",
       "a prompt chunk sets the row's length instead of extending it", T + "test_prefill.py", T + "test_engine.py"),
     # ---- control/choice.py: the keep rule and probes ---------------------------------------------------
     M("choice-gain-uncapped", CHOICE, "capped.append(min(g, capped[p]) if p >= 0 else g)", "capped.append(g)",
@@ -212,8 +212,8 @@ EXTRA: list[Mutant] = [
       "all(p <= i - 1 for i, p in enumerate(parents))",
       "every topological tree taken for a chain (verification, layout, merged drafts)", T + "test_verify.py", *ENGINE_T),
     # ---- engine/rows.py: KV lengths ----------------------------------------------------------------
-    M("rows-prefix-off-by-one", ROWS, "self.cache.truncate(row, match.tokens)",
-      "self.cache.truncate(row, match.tokens - 1)",
+    M("rows-prefix-off-by-one", ROWS, "self.cache.set_length(row, match.tokens)",
+      "self.cache.set_length(row, match.tokens - 1)",
       "a copied prefix keeps one position too few", T + "test_prefill.py", T + "test_engine.py"),
     # ---- control/choice.py: the keep rule and probes ---------------------------------------------------
     M("choice-forced-charged", CHOICE, "node < cands[i].own", "node <= cands[i].own",

@@ -29,11 +29,11 @@ class Completion:
 
 
 def freeze_heap() -> None:
-    """Put every object alive now (a loaded model's tokenizer, drafters, compiled grammars: some
-    215,000 tracked objects) out of the cyclic garbage collector's reach (``gc.freeze``), so that its
-    full collections, which otherwise walk them all, take milliseconds instead of 90-100 ms of a
-    decoding stream's time (measured on the default model, AMD EPYC).  For long-lived processes
-    (the server, the bench), called once after loading; objects made later are collected as usual."""
+    """Put every object alive now (a loaded model's tokenizer, drafters, compiled grammars: hundreds
+    of thousands of tracked objects) out of the cyclic garbage collector's reach (``gc.freeze``), so
+    that its full collections, which would otherwise walk them all, no longer stall a decoding
+    stream.  For long-lived processes (the server, the bench), called once after loading; objects
+    made later are collected as usual."""
     gc.collect()
     gc.freeze()
 
@@ -123,7 +123,7 @@ class LLM:
 
     def grammar(self, spec: GrammarSpec) -> Grammar:
         """``spec`` compiled against this model's vocabulary (cached; an invalid one raises
-        ``SpecserveError`` naming the problem).  The compiler is built on first use (about 0.3 s)."""
+        ``SpecserveError`` naming the problem).  The compiler is built on first use."""
         if self._grammars is None:
             self._grammars = GrammarCompiler.from_huggingface(self.tokenizer.hf, self.target.config.vocab_size,
                                                               self.tokenizer.eos_ids)

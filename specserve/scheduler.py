@@ -1,7 +1,10 @@
 """Continuous batching: a bounded waiting queue, admission by free KV slots, one engine thread.
 
-The engine is touched only by the scheduler's thread, and only through its methods (check, admit,
-step, abort, reset, progress, take_result, snapshot, free capacity).  Between two engine steps the
+The engine is changed only by the scheduler's thread, and only through its methods (admit, step,
+abort, reset, progress, take_result, snapshot, free capacity).  The one exception is ``check``, which
+``submit`` calls on the caller's thread: it reads only what is fixed at construction (``max_len``,
+the drafters by name, the vocabulary) and changes nothing, so a bad request is refused before it
+waits.  Between two engine steps the
 thread (``tick``):
 1. drops cancelled and timed-out sequences (a disconnected client frees its slot within one step),
 2. admits waiting requests, first come first served, while the engine has free KV rows (the fixed

@@ -181,17 +181,17 @@ def test_kv_rollback_is_a_length_change():
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(2))
     c = m.new_cache(1, 64)
     m(ids[:, :10], c, [0], [0])
-    c.truncate(0, 10)
+    c.set_length(0, 10)
     a = m(ids[:, 10:11], c, [0], [10]).logits
     m(torch.randint(0, 64, (1, 5)), c, [0], [11])        # speculative tokens, then rejected
-    c.truncate(0, 11)
+    c.set_length(0, 11)
     b = m(ids[:, 11:12], c, [0], [11]).logits             # overwrites position 11
     fresh = m.new_cache(1, 64)
     m(ids[:, :11], fresh, [0], [0])
     assert torch.equal(b, m(ids[:, 11:12], fresh, [0], [11]).logits)
     assert a.shape == (1, 1, 64)
     with pytest.raises(ValueError):
-        c.truncate(0, 10_000)
+        c.set_length(0, 10_000)
 
 
 def test_hidden_states_on_request():

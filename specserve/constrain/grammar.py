@@ -14,9 +14,9 @@ into a ``Grammar`` (a compiled grammar, cached by spec, shared by every request 
 ``matcher()`` is one request's state: the engine advances it along committed tokens and along each
 drafted path, and asks it which tokens may come next (a bitmask, one bit per token id).
 
-Why xgrammar: on the default model's 49,152-token vocabulary its mask took 3.5-5.6 us per token on
-average against llguidance's 8-16 us (``scripts/grammar_backends.py``), it compiles JSON Schema, EBNF
-and regular expressions, rolls back, and proposes the tokens a grammar forces (jump-forward).
+Why xgrammar: on the default model's vocabulary its masks cost less per token than llguidance's
+(BENCHMARKS.md, section 18), it compiles JSON Schema, EBNF and regular expressions, rolls back, and
+proposes the tokens a grammar forces (jump-forward).
 """
 
 from __future__ import annotations

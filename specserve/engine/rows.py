@@ -2,7 +2,7 @@
 
 Every change of a row's valid length goes through here: a row taken (length 0) and freed, a cached
 prefix copied in, a prompt chunk kept, an accepted path compacted and the rest rolled back.
-Nothing else in specserve calls ``KVCache.truncate`` or ``KVCache.compact`` on the target's cache.
+Nothing else in specserve calls ``KVCache.set_length`` or ``KVCache.compact`` on the target's cache.
 
 Cache invariant: for a decoding sequence, ``length(row) == len(tokens) - 1``; the last token (the
 *pending* token) has been generated but not yet fed to the target.  A step feeds the pending token
@@ -43,7 +43,7 @@ class RowTable:
         if not self._free:
             raise RuntimeError("no free KV row; check the engine's capacity first")
         row = self._free.pop(0)
-        self.cache.truncate(row, 0)
+        self.cache.set_length(row, 0)
         return row
 
     def release(self, row: int) -> None:
@@ -60,16 +60,16 @@ class RowTable:
         """Copy a cached prefix's blocks into an empty row, which then holds ``match.tokens``
         positions; returns the blocks' features (layer -> [n, hidden])."""
         got = pool.load(match, *self.views(row))
-        self.cache.truncate(row, match.tokens)
+        self.cache.set_length(row, match.tokens)
         return got
 
     def extend(self, row: int, n: int) -> None:
         """A pass wrote ``n`` more positions of a prompt after the row's length: keep them."""
-        self.cache.truncate(row, self.cache.lengths[row] + n)
+        self.cache.set_length(row, self.cache.lengths[row] + n)
 
     def keep_path(self, row: int, kept: list[int]) -> None:
         """After a verification pass fed slots ``L .. L + N``: keep the pass indices ``kept``
         (``[0]`` (the pending token) + accepted nodes + 1, increasing) at ``L .. L + len(kept) - 1``."""
         start = self.cache.lengths[row]
         self.cache.compact(row, start, kept)
-        self.cache.truncate(row, start + len(kept))
+        self.cache.set_length(row, start + len(kept))

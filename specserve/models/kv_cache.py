@@ -40,8 +40,9 @@ class KVCache:
         """Number of sequence slots."""
         return len(self.lengths)
 
-    def truncate(self, row: int, length: int) -> None:
-        """Roll ``row`` back (or forward, after a write) to ``length`` valid positions: O(1)."""
+    def set_length(self, row: int, length: int) -> None:
+        """Set ``row``'s valid positions to ``length``: O(1).  Shorter rolls the row back (the entries
+        past it are dropped); longer keeps entries a pass has just written."""
         if not 0 <= length <= self.max_len:
             raise ValueError(f"length {length} outside [0, {self.max_len}]")
         self.lengths[row] = length

@@ -41,7 +41,8 @@ class RuntimeOptions:
 
     kernels:
       ``native``: our AVX2 kernels (specserve/models/native): weights kept in their stored blocks
-      (GGUF Q4_1 / Q8_0, fp32 otherwise), fp32 activations, batch-invariant by construction.
+      (GGUF Q4_1 / Q8_0, fp32 otherwise), int8 or fp32 activations (below), batch-invariant by
+      construction.
       ``fbgemm``: torch modules with FBGEMM fp16-weight linears; batch-invariant with
       ``attention=invariant``.  ``torch``: plain torch ops (Hugging Face numerics; not invariant).
     ``auto`` picks native on an x86-64 CPU with AVX2/FMA/F16C and a C++ compiler, else fbgemm on

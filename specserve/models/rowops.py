@@ -1,10 +1,10 @@
 """Operations on a pass's logits rows, on the native kernels where they run, else on torch.
 
 ``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row) and
-``mask`` sets every token a grammar bitmask forbids to -inf, in place.  On this project's 2-core
-machines torch's CPU argmax takes 65-100 us a row of 49,152 logits and xgrammar's mask kernel about
-390 us; the native ones take about 9 us and 25 us (``logit_ops.cpp``).  Both give the same bits as
-the fallbacks: the argmax is torch's choice among equal maxima (the first) and of NaN (the first),
+``mask`` sets every token a grammar bitmask forbids to -inf, in place.  The native kernels
+(``logit_ops.cpp``) are several times faster than torch's argmax and xgrammar's mask kernel on a
+row of the default model's logits (BENCHMARKS.md, section 18).  Both give the same bits as the
+fallbacks: the argmax is torch's choice among equal maxima (the first) and of NaN (the first),
 and the mask writes -inf and nothing else.
 """
 

@@ -1,8 +1,7 @@
 // Logits rows after a pass: the first maximum of each row (greedy verification) and grammar masks.
 //
-// Both read a row once or twice at memory speed, where torch's CPU argmax takes 65-100 us a row of
-// 49,152 logits on this project's 2-core machines (about 2 ns a logit) and xgrammar's mask kernel
-// about 390 us; a pass with a tree of drafts has one row per node.
+// Both read a row once or twice at memory speed, several times faster than torch's CPU argmax and
+// xgrammar's mask kernel (BENCHMARKS.md, section 18); a pass with a tree of drafts has one row per node.
 
 #include <cmath>
 #include <cstdint>

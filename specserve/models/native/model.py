@@ -35,7 +35,7 @@ MAX_HEAD_DIM = 256
 def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
     """A weight as the kernels run it.  Q4_0 and Q5_0 blocks run as the Q8_0 blocks that hold them
     exactly (the same bits out, 1.5-1.9x the bytes): unpacking their nibbles and fifth bits cost
-    more than reading the wider blocks (measured on Gemma 3 270M's MLP by ``specserve profile``)."""
+    more than reading the wider blocks (BENCHMARKS.md, section 11)."""
     if not isinstance(w, NativeWeight):
         return NativeWeight.from_float(w)
     return w.as_q8_0() if w.fmt in (Q4_0, Q5_0) else w
