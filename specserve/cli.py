@@ -1,5 +1,5 @@
 """Command line: ``specserve generate``, ``serve`` (its flags and command: ``specserve.server.command``),
-``bench``, ``profile``, ``train`` and ``export``.
+``bench`` (its subcommands: ``specserve.bench.cli``), ``profile``, ``train`` and ``export``.
 
 Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
 options, defaults and default draft lengths come from the registry, never from this file.
@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from specserve.bench.cli import COMMANDS as BENCH_COMMANDS
+from specserve.bench.cli import epilog as bench_epilog
 from specserve.cli_args import Parser, drafter_specs, engine_args, model_arg, runtime_args, runtime_options, sampling_args
 from specserve.errors import SpecserveError
 from specserve.server.command import add_serve_args
@@ -26,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _generate_parser(sub.add_parser("generate", help="generate text for one prompt"))
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
-    _bench_parser(sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts"))
+    _bench_parser(sub.add_parser("bench", help="benchmark methods against plain decoding on Spec-Bench prompts "
+                                               f"(subcommands: {', '.join(BENCH_COMMANDS)})", epilog=bench_epilog()))
     _profile_parser(sub.add_parser("profile", help="time one target pass by part (projections, attention, LM head, "
                                                    "overhead)"))
     _advise_parser(sub.add_parser("advise", help="predict each drafter's speed-up on your prompts from a short "
@@ -300,7 +303,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCH_COMMANDS:   # else bench's own options
+            from specserve.bench.cli import main as bench_main
+            return bench_main(argv[1], argv[2:])
         args = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
                 "profile": cmd_profile, "advise": cmd_advise, "train": cmd_train,

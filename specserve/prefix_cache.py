@@ -11,7 +11,7 @@ at a sequence's end the blocks its generated text completed (without features).
 Exactness.  Every position's keys, values and features are a function of the tokens up to it,
 computed by batch-invariant kernels whose bits do not depend on how a prompt is cut into chunks or
 what else shares a pass.  A copied block therefore holds the bits a cold prefill would write, and
-output is identical with and without reuse (on batch-invariant runtimes; see the README).
+output is identical with and without reuse (on batch-invariant runtimes; see docs/exactness.md).
 
 Memory and eviction.  The pool is allocated once (``max_bytes`` rounded down to whole blocks;
 pages become resident as blocks are written).  When it is full, a new block replaces the least

@@ -1,7 +1,7 @@
 """The eagle and medusa drafters as they were before their drafting was vectorised (copied verbatim
 from specserve/drafters/eagle.py and medusa.py at commit 98f2adf, unregistered): the slow reference
 the fast paths are checked against (tests/test_eagle_speed_paths.py) and timed against
-(scripts/eagle_step_time.py --impl ref).  Since then: the layer runs through the head module's own
+(experiments/eagle_step_time.py --impl ref).  Since then: the layer runs through the head module's own
 pieces (``inputs``, ``normed``, ``residual``, ``mlp``), so either layout (eagle, eagle3) is checked,
 and the sampled chain it draws lives here (the drafters draw trees; ``sample_width=1`` is this chain)."""
 

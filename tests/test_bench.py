@@ -1,4 +1,6 @@
-"""Benchmark metrics against hand-computed values, and a tiny end-to-end run."""
+"""Benchmark metrics against hand-computed values, a tiny end-to-end run, and ``specserve bench``'s
+subcommands (soak, interleaved, steps, compare) in process through ``main()`` on a tiny model with the
+toy tokenizer."""
 
 import json
 import math
@@ -126,3 +128,142 @@ def test_tiny_end_to_end(tmp_path):
         assert len(saved["records"][label]) == 2
     assert saved["summary"]["oracle:alpha=0.8:k=3"]["synthetic"] is True
     assert doc["summary"]["none"]["overall"]["speedup"]["total_time"] == pytest.approx(1.0)
+
+
+# ---- the subcommands, in process on a tiny model ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toy_pair():
+    """One tiny model for the module (an engine measures a model's costs once per model object)."""
+    from toy_tokenizer import toy_model, toy_tokenizer
+
+    return toy_model(), toy_tokenizer()
+
+
+@pytest.fixture
+def tiny_cli(monkeypatch, tmp_path, toy_pair):
+    """``main()`` builds its ``LLM`` on the tiny model with the toy tokenizer (greedy output runs to
+    max_tokens: ``toy_model``); the ``--model`` to pass is returned."""
+    import specserve.llm
+
+    model, tok = toy_pair
+    monkeypatch.setattr(specserve.llm, "load_model", lambda spec, options=None: model)
+    monkeypatch.setattr(specserve.llm, "load_tokenizer", lambda target: tok)
+    return str(tmp_path / "tiny")
+
+
+def _prompt_file(tmp_path, n: int, categories=("a", "b")) -> str:
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps({"id": f"p{i}", "category": categories[i % len(categories)],
+                                       "prompt": f"count {i}: a b c a b c a b"}) for i in range(n)))
+    return str(f)
+
+
+def test_interleaved_prompts_are_strided(tmp_path):
+    from specserve.bench.interleaved import strided
+    from specserve.errors import SpecserveError
+
+    path = _prompt_file(tmp_path, 9)
+    assert strided(4, path) == [f"count {i}: a b c a b c a b" for i in (0, 2, 4, 6)]
+    assert len(strided(24, None)) == 24 and strided(1, None) == strided(480, None)[:1]
+    with pytest.raises(SpecserveError, match=r"--num-prompts must lie in 1\.\.9"):
+        strided(10, path)
+
+
+def test_bench_interleaved_rounds_in_rotated_order(tiny_cli, tmp_path, capsys):
+    from specserve.cli import main
+
+    out = tmp_path / "runs.json"
+    assert main(["bench", "interleaved", "--model", tiny_cli, "--methods", "ngram:k=3,ngram-tree:k=4",
+                 "--concurrency", "2", "--num-prompts", "4", "--rounds", "2", "--max-tokens", "8",
+                 "--prompts", _prompt_file(tmp_path, 8), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    doc = json.loads(out.read_text())
+    order = [(r["round"], r["method"]) for r in doc["runs"]]
+    assert order == [(0, "none"), (0, "ngram:k=3"), (0, "ngram-tree:k=4"),
+                     (1, "ngram:k=3"), (1, "ngram-tree:k=4"), (1, "none")]
+    assert all(r["tokens"] == 4 * 8 and r["seconds"] > 0 for r in doc["runs"])     # 4 prompts run to max_tokens
+    assert [ln.split()[0] for ln in lines[:6]] == [m for _, m in order]
+    for label, s in doc["summary"].items():
+        secs = sum(r["seconds"] for r in doc["runs"] if r["method"] == label)
+        assert s["seconds"] == pytest.approx(secs) and s["identical"] == 4       # greedy: plain's tokens
+        assert s["speedup"] == pytest.approx(doc["summary"]["none"]["seconds"] / secs)
+    s = doc["summary"]
+    assert lines[-1] == (f"c=2 prompts=4 rounds=2: ngram:k=3 {s['ngram:k=3']['speedup']:.3f}x (4/4 identical), "
+                         f"ngram-tree:k=4 {s['ngram-tree:k=4']['speedup']:.3f}x (4/4 identical)")
+
+
+def test_bench_steps_counts_decoding_steps_by_phase(tiny_cli, tmp_path, capsys):
+    from specserve.cli import main
+    from specserve.stats import TIMERS
+
+    out = tmp_path / "steps.json"
+    assert main(["bench", "steps", "--model", tiny_cli, "--methods", "none,ngram:k=3", "--per-group", "1",
+                 "--max-tokens", "8", "--prompts", _prompt_file(tmp_path, 4), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    doc = json.loads(out.read_text())
+    assert doc["prompts"] == 2 and doc["config"]["groups"] == ["a", "b"]
+    assert list(doc["methods"]) == ["none", "ngram:k=3"]
+    plain, ngram = doc["methods"]["none"], doc["methods"]["ngram:k=3"]
+    assert plain["tokens"] == ngram["tokens"] == 2 * 8
+    # the prompt's pass gives each request its first token; plain decoding then commits one per step
+    assert plain["steps"] == 2 * 7 and 2 <= ngram["steps"] <= 2 * 7
+    for m in (plain, ngram):
+        assert set(m["times"]) == set(TIMERS) and min(m["times"].values()) >= 0 and m["times"]["pass_s"] > 0
+        assert sum(m["times"].values()) <= m["wall_s"]
+    assert lines[0].startswith("none ") and " 14 steps  1.14 tok/step | ms per step: draft " in lines[0]
+    assert lines[1].startswith("ngram:k=3 ") and f" {ngram['steps']} steps " in lines[1] and " rest " in lines[1]
+
+
+def _results(path, records: dict) -> str:
+    path.mkdir()
+    (path / "results.json").write_text(json.dumps({"records": records}))
+    return str(path)
+
+
+def test_bench_compare_counts_identical_prompts(tmp_path, capsys):
+    from specserve.cli import main
+
+    def recs(*tokens, group="qa"):
+        return [{"prompt_id": i, "group": group, "tokens": t} for i, t in enumerate(tokens)]
+
+    before = _results(tmp_path / "before", {"none": recs([1, 2], [3]), "ngram": recs([1], [2], [3]), "old": recs([1])})
+    after = _results(tmp_path / "after", {"ngram": recs([1], [9], group="rag"), "none": recs([1, 2], [3], [4]),
+                                          "new": recs([5])})
+    assert main(["bench", "compare", before, after + "/results.json"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["ngram: 1/2 prompts with identical tokens (rag)",
+                                                    "none: 2/2 prompts with identical tokens (qa)"]
+    assert main(["bench", "compare", before, after, "--methods", "none"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["none: 2/2 prompts with identical tokens (qa)"]
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text(json.dumps({"summary": {}}))
+    for argv, msg in ((["--methods", "none,new"], "method 'new' is not in both runs; both ran: ngram, none"),
+                      (["--methods", "old"], "method 'old' is not in both runs")):
+        assert main(["bench", "compare", before, after, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("specserve: error: ") and msg in err
+    for path, msg in ((tmp_path / "bad.json", "is not JSON"), (tmp_path / "other.json", "has no per-method records"),
+                      (tmp_path / "missing.json", "cannot read")):
+        assert main(["bench", "compare", before, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err and "Traceback" not in err
+
+
+def test_bench_soak_of_a_tiny_server(tiny_cli, tmp_path, capsys):
+    """A short soak in process: 20 load requests from 2 clients, then (the load done) the warm-up
+    census of 1 + 2 requests per kind; the server and the engine judged as in the real soak."""
+    from specserve.cli import main
+
+    out = tmp_path / "soak.json"
+    assert main(["bench", "soak", "--model", tiny_cli, "--minutes", "1", "--concurrency", "2", "--max-requests", "20",
+                 "--gc-batch", "2", "--max-batch", "2", "--drafters", "ngram:k=4,suffix:k=4", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    totals, engine = report["totals"], report["engine_end"]
+    assert stdout.rstrip().endswith("OK") and report["ok"] and report["failures"] == [] and totals["problems"] == {}
+    assert totals["requests"] == 20 + 5 * 3 and set(totals["by_type"]) == {"greedy", "sampled", "stream",
+                                                                             "disconnect", "malformed"}
+    assert totals["4xx"] >= totals["by_type"]["malformed"] > 0 and totals["5xx"] == 0
+    assert engine["empty"] and engine["free_kv_rows"] == engine["max_batch"] == 2 and engine["drained"]
+    assert {"ngram", "suffix"} <= set(report["config"]["drafters_loaded"]) and report["config"]["model"] == tiny_cli
+    assert report["pools"]["end"]["suffix_corpus_tokens"] > report["pools"]["start"].get("suffix_corpus_tokens", 0)

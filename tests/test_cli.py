@@ -49,6 +49,25 @@ def _one_line_error(argv: list[str], msg: str, capsys) -> None:
     (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
     (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
     (["train", "eagle"], "required"),
+    (["bench", "--per-group", "0"], "--per-group and --max-tokens must be >= 1"),     # bench's own options
+    (["bench", "nope"], "unrecognized arguments: nope"),
+    (["bench", "soak", "--concurrency", "2"], "the following arguments are required: --minutes"),
+    (["bench", "soak", "--minutes", "0", "--concurrency", "2"], "--minutes and --sample-s must be > 0"),
+    (["bench", "soak", "--minutes", "1", "--concurrency", "0"], "--concurrency, --max-batch, --max-waiting"),
+    (["bench", "soak", "--minutes", "1", "--concurrency", "2", "--gc-batch", "-1"], "--gc-batch and --warmup-s"),
+    (["bench", "soak", "--minutes", "1", "--concurrency", "2", "--drafters", "ngram,bogus"], "unknown drafter 'bogus'"),
+    (["bench", "soak", "--minutes", "1", "--concurrency", "2", "--out", "/no/such/dir/soak.json"], "--out: no folder"),
+    (["bench", "interleaved"], "the following arguments are required: --methods"),
+    (["bench", "interleaved", "--methods", "ngram:alpha=1"], "takes no option 'alpha'"),
+    (["bench", "interleaved", "--methods", "ngram", "--rounds", "0"], "--concurrency, --rounds and --max-tokens"),
+    (["bench", "interleaved", "--methods", "ngram", "--num-prompts", "481"], "--num-prompts must lie in 1..480"),
+    (["bench", "interleaved", "--methods", "ngram", "--prompts", "/no/such.jsonl"], "cannot read prompts"),
+    (["bench", "steps", "--methods", " , "], "--methods names no method"),
+    (["bench", "steps", "--groups", "qa,nope"], "unknown group 'nope'"),
+    (["bench", "steps", "--per-group", "0"], "--per-group and --max-tokens must be >= 1"),
+    (["bench", "steps", "--json", "/no/such/dir/steps.json"], "--json: no folder"),
+    (["bench", "compare", "only-one.json"], "the following arguments are required: after"),
+    (["bench", "compare", "/no/such.json", "/no/other.json"], "cannot read /no/such.json"),
 ])
 def test_bad_input_one_line_error(args, msg, capsys):
     """None of these loads a model (the fast tier would refuse it): the flags are checked first."""
@@ -72,6 +91,16 @@ def test_train_bad_input_one_line_error(args, msg, capsys, monkeypatch):
     monkeypatch.setattr(loader, "load_model", lambda spec, options=None: model)
     monkeypatch.setattr(specserve.tokenizer, "load_tokenizer", lambda target: None)
     _one_line_error(args, msg, capsys)
+
+
+def test_bench_keeps_its_options_beside_its_subcommands():
+    """A first word that names a subcommand goes to it; ``specserve bench`` with options parses as before."""
+    from specserve.bench.cli import COMMANDS
+    from specserve.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--methods", "none,ngram:k=4", "--concurrency", "1,4", "--no-plots"])
+    assert (args.command, args.methods, args.concurrency, args.no_plots) == ("bench", "none,ngram:k=4", "1,4", True)
+    assert set(COMMANDS) == {"soak", "interleaved", "steps", "compare"}
 
 
 def test_the_console_script_is_main():

@@ -39,6 +39,9 @@ def test_choose_by_hand():
     # a child never enters without its parent, even when its own gain is higher
     keep, _ = choose([Candidate(0, 10, [0.1, 0.9], [-1, 0])], CostModel([1, 2, 3], [0.01, 0.0102, 0.0104], 0.0))
     assert keep[0] in ([], [0, 1])
+    # ... and where one node pays and two do not, the one kept is the parent (ranked by the capped gain)
+    keep, _ = choose([Candidate(0, 10, [0.1, 0.9], [-1, 0])], CostModel([1, 2, 3], [0.01, 0.0102, 0.02], 0.0))
+    assert keep[0] == [0]
     # fixed drafts are kept whole; probes keep their first node whatever it pays
     keep, _ = choose([Candidate(0, 10, [0.0, 0.0], [-1, 0], fixed=True), Candidate(1, 10, [0.0, 0.0], [-1, 0], probe=True)],
                      STEEP)

@@ -60,6 +60,9 @@ def test_shape_prunes_keeps_drawn_and_forces(grammar_vocab):
     # below y the forced "z"; beside x (deterministic) at the root the other spelling of "xyz", xy z;
     # beside y below x none: the forced "yz" starts with y, already drafted
     assert out.chains == [(1, [ix["z"]]), (-1, [ix["xy"], ix["z"]])]
+    # room 2 in all: after "z" below y, one token is left for the chain at the root
+    tight = shape(m, tokens, parents, [False, False, False, False, True], room=2, max_depth=10, jump=True)
+    assert tight.chains == [(1, [ix["z"]]), (-1, [ix["xy"]])] and tight.forced == 2
     drawn = shape(m, tokens, parents, [True, False, False, False, True], room=8, max_depth=10, jump=True)
     assert drawn.chains == [(1, [ix["z"]])]             # beside a drawn node: nothing added
     # nothing drafted: at the root the grammar forces "xyz", the longest tokens first ("xy", "z")

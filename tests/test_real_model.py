@@ -106,7 +106,7 @@ def test_int8_activations_stay_close_to_transformers(llm, prompts, plain, hf_ref
     """The default runtime (int8 activations) against transformers' fp32 logits over the reference
     prompts and their greedy answers (real text, 506 positions): the next token agrees at >= 95% of
     them and no logit moves by more than 4 (logits span ~30; measured on an AMD EPYC: 97.8% and 2.37,
-    see the README's int8 section)."""
+    see docs/runtime.md, "Int8 activations")."""
     m, hf = llm.target.model, hf_reference[3]
     assert m.activations == "int8"
     agree, worst, n = 0, 0.0, 0

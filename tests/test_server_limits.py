@@ -74,6 +74,17 @@ def test_token_limits_name_the_field_and_both_numbers(client, llm):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16      # the toy model runs to it
 
 
+def test_token_limits_are_inclusive(client, llm):
+    """A prompt of exactly --max-prompt-tokens and max_tokens of exactly --max-tokens-limit are
+    served; one more of either is refused."""
+    at, over = "x " * 20, "x " * 20 + "x"
+    assert (len(llm.encode(at, raw=True)), len(llm.encode(over, raw=True))) == (40, 41)
+    assert client.post("/v1/completions", json=completion(prompt=at)).status_code == 200
+    assert client.post("/v1/completions", json=completion(prompt=over)).status_code == 400
+    assert client.post("/v1/completions", json=completion(max_tokens=16)).status_code == 200
+    assert client.post("/v1/completions", json=completion(max_tokens=17)).status_code == 400
+
+
 def test_at_most_four_stop_strings(client):
     assert client.post("/v1/completions", json=completion(stop=["a", "b", "c", "d"])).status_code == 200
     r = client.post("/v1/completions", json=completion(stop=["a", "b", "c", "d", "e"]))
@@ -113,3 +124,37 @@ def test_limits_are_checked_when_the_app_is_built(llm):
         TokenLimits(max_prompt_tokens=0)
     with pytest.raises(SpecserveError, match="exceeds --max-tokens-limit"):
         create_app(llm, "default", default_max_tokens=100, limits=TokenLimits(max_tokens_limit=50))
+
+
+def test_a_chunked_body_is_counted_in_total_not_chunk_by_chunk():
+    """BodyLimit alone, over ASGI: three chunks of 40 bytes, each under a 100-byte limit, are refused
+    once their total passes it (the third read raises the 413); two chunks (80 bytes) pass."""
+    import asyncio
+
+    from starlette.exceptions import HTTPException
+
+    from specserve.server.limits import BodyLimit
+
+    async def run(chunks: int) -> int:
+        read = 0
+
+        async def app(scope, receive, send):
+            nonlocal read
+            while True:
+                message = await receive()
+                read += len(message.get("body", b""))
+                if not message.get("more_body"):
+                    return
+
+        messages = [{"type": "http.request", "body": b"x" * 40, "more_body": i < chunks - 1} for i in range(chunks)]
+
+        async def receive():
+            return messages.pop(0)
+
+        await BodyLimit(app, max_bytes=100)({"type": "http", "headers": []}, receive, None)
+        return read
+
+    assert asyncio.run(run(2)) == 80
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(run(3))
+    assert refused.value.status_code == 413

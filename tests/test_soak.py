@@ -1,8 +1,9 @@
-"""The soak script, ``scripts/soak.py``: its judging of responses (fast, no model), and one short soak
-of the real server (slow: about 75 s, the model load included).
+"""The soak, ``specserve bench soak`` (``specserve.bench.soak``): its judging of responses (fast, no
+model), and one short soak of the real server (slow: about 75 s, the model load included).  A soak
+of a tiny model, in process, is in ``test_bench.py``.
 
-The soak run is ``--minutes 1 --concurrency 4`` (4 KV rows, 64 waiting places, warm-up 20 s: a third
-of the run; 20 requests per type in the object census).  Its thresholds, which the script itself
+The soak run is ``specserve bench soak --minutes 1 --concurrency 4`` (4 KV rows, 64 waiting places,
+warm-up 20 s: a third of the run; 20 requests per type in the object census).  Its thresholds, which the command itself
 enforces (exit status 1) and this test checks again in the JSON report:
 
 - 0 responses with a 5xx status;
@@ -18,7 +19,6 @@ enforces (exit status 1) and this test checks again in the JSON report:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -28,15 +28,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specserve.bench.soak_requests import judge, malformed
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "soak.py"
-
-
-def _soak():
-    spec = importlib.util.spec_from_file_location("soak_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("response,expect_ok,problem", [
@@ -52,15 +46,14 @@ def _soak():
     (httpx.Response(200, text="not json"), True, "bad_200_body"),
 ])
 def test_judge(response, expect_ok, problem):
-    assert _soak().judge(response, expect_ok) == problem
+    assert judge(response, expect_ok) == problem
 
 
 def test_malformed_bodies_cover_every_case_and_are_bad():
-    soak = _soak()
     rng = random.Random(0)
     seen = set()
     for _ in range(600):
-        what, method, path, raw = soak.malformed(rng, "ngram", "ngram", ["oracle"])
+        what, method, path, raw = malformed(rng, "ngram", "ngram", ["oracle"])
         seen.add(what)
         assert method == "POST" and path.startswith("/v1/")
         if what in ("invalid JSON", "empty body"):
@@ -72,8 +65,8 @@ def test_malformed_bodies_cover_every_case_and_are_bad():
 @pytest.mark.slow
 def test_one_minute_soak_of_the_server(tmp_path):
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--minutes", "1", "--concurrency", "4", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "specserve.cli", "bench", "soak", "--minutes", "1", "--concurrency",
+                           "4", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     totals, engine = report["totals"], report["engine_end"]

@@ -1,4 +1,4 @@
-"""``scripts/synthetic_tasks.py``: its pure parts (pairs, templates, the passage and question rules, the
+"""``experiments/synthetic_tasks.py``: its pure parts (pairs, templates, the passage and question rules, the
 record format, dedup) and its resumable loop, with a fake generator in place of the target (no model)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import synthetic_tasks as st  # noqa: E402
 from prompt_checks import SpecBench  # noqa: E402
 

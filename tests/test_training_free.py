@@ -178,7 +178,11 @@ def test_layerskip_calibrates_reports_and_stays_exact():
         outs = eng.generate([Request(p, 24, drafter="layerskip", num_draft=k) for p in prompts])
         assert [o.tokens for o in outs] == ref
         drafted = sum(o.stats.drafted_tokens for o in outs)
-        assert drafted > 0 if k != "auto" or info["drafts_under_auto"] else drafted == 0
+        if k != "auto":
+            assert drafted > 0
+        elif not info["drafts_under_auto"]:     # declared max_auto_draft 0: nothing under auto
+            assert drafted == 0
+        # (where it may draft under auto, whether it pays is the controller's timing-based choice)
 
 
 def test_layerskip_option_errors():

@@ -17,7 +17,7 @@ Example: tokens ``a b x . a b y . a b``: the suffix ``a b`` matches before ``x``
 its path ``y . a b`` kept first) and ``x`` (a sibling, kept if the budget allows).
 
 The options of these drafters (``TrieOptions``) are written here once; ``base`` and ``growth``
-were fitted with ``scripts/tune_ngram_tree.py`` on training prompts, never the evaluation set.
+were fitted with ``experiments/tune_ngram_tree.py`` on training prompts, never the evaluation set.
 """
 
 from __future__ import annotations

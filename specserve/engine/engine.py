@@ -91,7 +91,7 @@ class Engine:
         """Call from a thread that has run passes (loading, calibration) and will run no more, before
         another thread runs the engine: ends the calling thread's pool of compute threads, since
         with more pooled threads than cores every parallel region would wake its workers through the
-        kernel (``scripts/engine_thread.py`` measures it).  Returns whether a pool was ended."""
+        kernel (``experiments/engine_thread.py`` measures it).  Returns whether a pool was ended."""
         return self.model.release_threads()
 
     # ------------------------------------------------------------------ what the scheduler may use

@@ -1,0 +1,111 @@
+"""``specserve bench interleaved``: methods against plain decoding at one concurrency level, every
+method running the whole prompt set in turn, repeated for several rounds.
+
+Each round runs every method once over all the prompts through an engine of ``concurrency`` rows
+(closed loop), in an order rotated from one round to the next (``datasets.rotation``), so that a
+slow spell of a shared machine falls on every method alike; every drafter's memory across requests
+is emptied before each run.  The prompts: every (N / ``num_prompts``)-th of the N in the file (default
+Spec-Bench's), free text, greedy.  A method's speed-up is plain decoding's seconds over its own,
+summed over the rounds; its identity count compares its first round's tokens with plain decoding's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from specserve.bench.datasets import load_jsonl, rotation
+from specserve.bench.runner import Method
+from specserve.errors import SpecserveError
+from specserve.sampling import SamplingParams
+
+MAX_LEN = 2048          # context length of the engine
+
+
+@dataclass
+class InterleavedConfig:
+    methods: list[str]                  # drafter specs; plain decoding is added first when not named
+    concurrency: int = 1
+    num_prompts: int = 24
+    rounds: int = 2
+    max_tokens: int = 128
+    prompts_file: str | None = None     # None: Spec-Bench
+    model: str = "default"
+
+
+def methods_of(specs: list[str], plain_first: bool) -> list[Method]:
+    """The methods the specs name, each once, in order (plain decoding first when ``plain_first``)."""
+    methods = list({m.label: m for m in map(Method.parse, specs)}.values())
+    if not methods:
+        raise SpecserveError("--methods names no method")
+    if plain_first:
+        if not any(m.drafter == "none" for m in methods):
+            methods.insert(0, Method("none", 0, {}, "none"))
+        methods.sort(key=lambda m: m.drafter != "none")
+    return methods
+
+
+def load_llm(model: str, options, methods: list[Method], max_batch: int, max_len: int):
+    """An ``LLM`` with every method's drafter loaded under the method's label."""
+    from specserve.llm import LLM
+    return LLM(model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
+               max_batch=max_batch, max_len=max_len)
+
+
+def encode_all(llm, texts: list[str]) -> list[list[int]]:
+    """Each prompt's ids, under the chat template where the model has one (else as raw text)."""
+    chat = llm.tokenizer.hf.chat_template is not None
+    return [llm.encode(t, raw=not chat) for t in texts]
+
+
+def strided(num_prompts: int, path: str | None) -> list[str]:
+    """Every (N / ``num_prompts``)-th prompt's text of the N in ``path`` (None: Spec-Bench)."""
+    prompts = load_jsonl(path)
+    if not 1 <= num_prompts <= len(prompts):
+        raise SpecserveError(f"--num-prompts must lie in 1..{len(prompts)} (the prompts there are), got {num_prompts}")
+    return [p.text for p in prompts[::len(prompts) // num_prompts][:num_prompts]]
+
+
+def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], None] = print) -> dict:
+    """The runs of the module docstring; ``log`` gets one line per run.  Returns the configuration,
+    every run (round, method, seconds, tokens) and per method its summary against plain decoding."""
+    if cfg.concurrency < 1 or cfg.rounds < 1 or cfg.max_tokens < 1:
+        raise SpecserveError("--concurrency, --rounds and --max-tokens must be >= 1")
+    methods = methods_of(cfg.methods, plain_first=True)
+    texts = strided(cfg.num_prompts, cfg.prompts_file)
+    llm = load_llm(cfg.model, options, methods, cfg.concurrency, MAX_LEN)
+    ids = encode_all(llm, texts)
+    greedy = SamplingParams()
+
+    def generate(m: Method, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        reqs = [llm.request(p, max_tokens, greedy, m.label, m.k) for p in prompts]
+        return [r.tokens for r in llm.engine.generate(reqs)]
+
+    for m in methods:                                              # warm-up
+        generate(m, ids[:2], 16)
+    runs, first = [], {}
+    for r in range(cfg.rounds):
+        for m in (methods[j] for j in rotation(len(methods), r)):
+            llm.reset_memory()
+            t = time.perf_counter()
+            out = generate(m, ids, cfg.max_tokens)
+            dt = time.perf_counter() - t
+            first.setdefault(m.label, out)
+            tokens = sum(map(len, out))
+            runs.append({"round": r, "method": m.label, "seconds": dt, "tokens": tokens})
+            log(f"{m.label} {dt:.2f} s {tokens / dt:.1f} tok/s")
+    seconds = {m.label: sum(x["seconds"] for x in runs if x["method"] == m.label) for m in methods}
+    plain = methods[0].label
+    summary = {m.label: {"seconds": seconds[m.label], "speedup": seconds[plain] / seconds[m.label],
+                         "identical": sum(a == b for a, b in zip(first[m.label], first[plain]))}
+               for m in methods}
+    return {"config": asdict(cfg), "prompts": len(ids), "runs": runs, "summary": summary}
+
+
+def render_interleaved(doc: dict) -> str:
+    """One line: every method's speed-up over plain decoding and how many prompts it said identically."""
+    c, n = doc["config"], doc["prompts"]
+    parts = [f"{label} {s['speedup']:.3f}x ({s['identical']}/{n} identical)"
+             for label, s in list(doc["summary"].items())[1:]]
+    return f"c={c['concurrency']} prompts={n} rounds={c['rounds']}: " + ", ".join(parts)
