@@ -27,6 +27,22 @@ def parent_list(parents: Sequence[int] | None, n: int) -> list[int]:
     return list(parents) if parents is not None else chain_parents(n)
 
 
+def children_of(parents: Sequence[int]) -> list[list[int]]:
+    """kids[p + 1]: the children of node p (kids[0]: of the pending token), in order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return kids
+
+
+def paths_of(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each node's token path below the pending token (a node's identity across proposals)."""
+    out: list[tuple[int, ...]] = []
+    for t, p in zip(tokens, parents):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return out
+
+
 def one_hot_rows(tokens: Sequence[int] | Tensor, vocab: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> Tensor:
     """[N, vocab] rows of q for N deterministic nodes: probability 1 on each node's token."""

@@ -12,7 +12,8 @@ from conftest import TINY_SCHEMA, grammar_compiler, tiny_model
 from specserve.constrain import GrammarSpec
 from specserve.constrain.grammar import allowed, new_bitmask
 from specserve.constrain.penalties import path_counts, penalise
-from specserve.constrain.tree import masks, paths_of, shape, single_token
+from specserve.constrain.tree import masks, shape, single_token
+from specserve.trees import paths_of
 from specserve.control import PrefillPolicy
 from specserve.drafters import DraftProposal, create
 from specserve.engine import Engine, Request

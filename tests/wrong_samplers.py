@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 import specserve.verify.rows as verify_rows
+from specserve.trees import children_of
 from specserve.verify.chain import VerifyResult, rejection_verify
 from specserve.verify.tree import tree_rejection_verify_row
 
@@ -40,15 +41,13 @@ def tree_residual_is_p(tokens: list[int], parents: list[int], draft_probs: Tenso
                        uniform: Tensor, noise: Tensor) -> tuple[list[int], list[int]]:
     """``tree_rejection_verify_row`` that never moves to the residual: every sibling is tried
     against p at its parent, and the recovered token drawn from that p."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
+    kids = children_of(parents)
     path: list[int] = []
     node = -1
     while True:
         r = target_probs[node + 1]
         accepted = None
-        for c in children.get(node, []):
+        for c in kids[node + 1]:
             x = tokens[c]
             q_x = draft_probs[c, x] if draft_probs is not None else 1.0
             if bool(uniform[c] * q_x < r[x]):

@@ -16,7 +16,8 @@ from torch import Tensor
 from specserve.constrain.grammar import Grammar, apply_mask, new_bitmask
 from specserve.constrain.penalties import path_counts, penalise
 from specserve.constrain.spelling import Spelling
-from specserve.constrain.tree import Shaped, masks, paths_of, shape
+from specserve.constrain.tree import Shaped, masks, shape
+from specserve.trees import paths_of
 from specserve.models import rowops
 from specserve.sampling import SamplingParams
 

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from specserve.constrain.grammar import Matcher, new_bitmask
 from specserve.constrain.spelling import Spelling, chain as spelled
+from specserve.trees import children_of
 
 
 @dataclass
@@ -45,22 +46,6 @@ class Shaped:
     @property
     def forced(self) -> int:
         return sum(len(c) for _, c in self.chains)
-
-
-def children_of(parents: list[int]) -> list[list[int]]:
-    """kids[p + 1]: the children of node p (kids[0]: of the root), in order."""
-    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents):
-        kids[p + 1].append(i)
-    return kids
-
-
-def paths_of(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
-    """Each node's token path below the root (a node's identity across proposals)."""
-    out: list[tuple[int, ...]] = []
-    for t, p in zip(tokens, parents):
-        out.append((out[p] if p >= 0 else ()) + (t,))
-    return out
 
 
 def single_token(row: Tensor) -> int | None:

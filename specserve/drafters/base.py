@@ -45,7 +45,6 @@ import torch
 from torch import Tensor
 
 from specserve import trees
-from specserve.constrain.tree import paths_of
 from specserve.limits import NO_LIMIT
 from specserve.sampling import SamplingParams
 
@@ -153,7 +152,7 @@ class DraftProposal:
 
     def paths(self) -> list[tuple[int, ...]]:
         """Each node's token path below the pending token (a node's identity across proposals)."""
-        return paths_of(self.tokens, self.parent_list())
+        return trees.paths_of(self.tokens, self.parent_list())
 
     @property
     def depth(self) -> int:

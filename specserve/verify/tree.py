@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specserve.trees import children_of
 from specserve.verify.chain import PLACEHOLDER
 
 
@@ -108,16 +109,14 @@ def tree_rejection_verify_row(tokens: list[int], parents: list[int], draft_probs
     Returns (accepted node indices root to leaf, emitted tokens).  On a chain this computes exactly
     what ``rejection_verify`` does for that row, bit for bit.
     """
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
+    kids = children_of(parents)
     path: list[int] = []
     node = -1
     while True:
         r = target_probs[node + 1]
         residual = None
         accepted = None
-        for c in children.get(node, []):
+        for c in kids[node + 1]:
             if residual is not None:                    # the previous sibling was rejected
                 r = residual / residual.sum()
             x = tokens[c]
