@@ -136,7 +136,7 @@ MUTANTS: list[Mutant] = [
     M("choice-rate-no-drafting", CHOICE, "return tokens / (pass_s + drafting_s) if pass_s > 0 else 0.0",
       "return tokens / pass_s if pass_s > 0 else 0.0", "the drafting seconds left out of the rate",
       T + "test_control.py", T + "test_auto.py", T + "test_spelling.py"),
-    M("choice-probe-not-forced", CHOICE, "        if n < len(forced):\n            continue\n", "",
+    M("choice-probe-not-forced", CHOICE, "        if n < len(probed):\n            continue\n", "",
       "a probe's node may be dropped (the forced prefix is not required)", T + "test_control.py", T + "test_auto.py"),
     # ---- constrain/: grammar over a tree, masks, penalties, spelling ---------------------------------
     M("grammar-drawn-forbidden-dropped", CTREE, "            elif drawn[c]:\n                keep.append(c)\n", "",

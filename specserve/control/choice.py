@@ -32,7 +32,8 @@ class Candidate:
     parents: list[int]            # per node (-1: child of the pending token)
     fixed: bool = False           # a request that asked for an exact draft length: keep every node
     probe: bool = False           # keep the best node even if it does not pay
-    forced_node: int = 0          # the node a probe keeps (a root: a child of the pending token)
+    probe_node: int = 0           # the node a probe keeps (a root: a child of the pending token); not a
+                                  # grammar's forced node, which ``own`` counts
     draft_s: float = 0.0          # what drafting costs this sequence per step (seconds), paid again
                                   # next step only if some of its drafter's nodes are kept now
     own: int | None = None        # nodes that are its drafter's (the first ``own``; the rest a grammar
@@ -44,26 +45,26 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
 
     Nodes enter best-first; a node's gain is first capped at its parent's, so that with ties broken
     by index a parent always enters before its children and every prefix of the order is a set of
-    trees.  Fixed drafts are kept whole; a probed sequence's first node (or ``forced_node``) is kept whatever it pays.
+    trees.  Fixed drafts are kept whole; a probed sequence's first node (or ``probe_node``) is kept whatever it pays.
     A sequence that keeps nodes of its drafter's own is charged its drafter's cost (``draft_s``) on
     top of the pass, so a drafter whose drafting costs more than its tokens save is not kept (forced
     nodes alone charge nothing: the engine drafts them without the drafter).
     Returns ({seq_id: kept node indices}, predicted seconds of the chosen pass).
     """
     order: list[tuple[float, int, int]] = []           # (-gain, candidate, node)
-    forced: list[tuple[int, int]] = []
+    probed: list[tuple[int, int]] = []
     for i, c in enumerate(cands):
         if c.fixed:
             continue
         capped: list[float] = []
         for n, (g, p) in enumerate(zip(c.gains, c.parents)):
             capped.append(min(g, capped[p]) if p >= 0 else g)
-            if c.probe and n == c.forced_node:
-                forced.append((i, n))
+            if c.probe and n == c.probe_node:
+                probed.append((i, n))
             else:
                 order.append((-capped[n], i, n))
     order.sort()
-    steps = forced + [(i, n) for _, i, n in order]
+    steps = probed + [(i, n) for _, i, n in order]
     lengths = [1 + (len(c.gains) if c.fixed else 0) for c in cands]
     contexts = [c.context for c in cands]
     gain = sum(sum(c.gains) for c in cands if c.fixed) + len(cands)     # expected tokens committed
@@ -78,7 +79,7 @@ def choose(cands: list[Candidate], cost: CostModel) -> tuple[dict[int, list[int]
             if not charged[i] and (cands[i].own is None or node < cands[i].own):
                 charged[i] = True
                 drafting += cands[i].draft_s
-        if n < len(forced):
+        if n < len(probed):
             continue
         seconds = cost.predict(lengths, contexts)
         r = rate(gain, seconds, drafting)

@@ -226,14 +226,14 @@ class Controller:
                 merged[s.seq_id] = by_part = self._part_gains(s, prop)
                 gains = [max((g[n] for g in by_part.values()), default=0.0) for n in range(len(prop))]
                 probed = [p for p in by_part if (s.seq_id, p) in plan.part_probes]
-                forced = next((n for n, (o, q) in enumerate(zip(prop.origins or [], prop.parent_list()))
-                               if q < 0 and any(p in o for p in probed)), None)
+                probe_node = next((n for n, (o, q) in enumerate(zip(prop.origins or [], prop.parent_list()))
+                                   if q < 0 and any(p in o for p in probed)), None)
                 cheap = sum(self.draft_s.get(part_key(s.drafter, p), 0.0)
                             for p, k in plan.parts.get(s.seq_id, {}).items()
                             if k and not self._costly(part_key(s.drafter, p), s))
                 cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
-                                       prop.parent_list(), probe=s.seq_id in plan.probed or forced is not None,
-                                       forced_node=forced or 0, draft_s=cheap, own=prop.own))
+                                       prop.parent_list(), probe=s.seq_id in plan.probed or probe_node is not None,
+                                       probe_node=probe_node or 0, draft_s=cheap, own=prop.own))
                 continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
