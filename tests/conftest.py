@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -89,18 +91,18 @@ def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", 
 
 
 _HEADS: dict = {}
-_HEAD_ROOT: list = []       # one temporary folder for every head of the process, removed at its exit
 
 
+@functools.cache
 def _head_root() -> str:
+    """One temporary folder for every head of the process, removed at its exit."""
     import atexit
     import shutil
     import tempfile
 
-    if not _HEAD_ROOT:
-        _HEAD_ROOT.append(tempfile.mkdtemp(prefix="specserve-test-heads-"))
-        atexit.register(shutil.rmtree, _HEAD_ROOT[0], True)
-    return _HEAD_ROOT[0]
+    root = tempfile.mkdtemp(prefix="specserve-test-heads-")
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0) -> str:

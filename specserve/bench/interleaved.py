@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from specserve.bench.datasets import load_jsonl, rotation
-from specserve.bench.runner import Method
+from specserve.bench.runner import Method, encode_all, load_llm
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 
@@ -44,19 +44,6 @@ def methods_of(specs: list[str], plain_first: bool) -> list[Method]:
             methods.insert(0, Method("none", 0, {}, "none"))
         methods.sort(key=lambda m: m.drafter != "none")
     return methods
-
-
-def load_llm(model: str, options, methods: list[Method], max_batch: int, max_len: int):
-    """An ``LLM`` with every method's drafter loaded under the method's label."""
-    from specserve.llm import LLM
-    return LLM(model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
-               max_batch=max_batch, max_len=max_len)
-
-
-def encode_all(llm, texts: list[str]) -> list[list[int]]:
-    """Each prompt's ids, under the chat template where the model has one (else as raw text)."""
-    chat = llm.tokenizer.hf.chat_template is not None
-    return [llm.encode(t, raw=not chat) for t in texts]
 
 
 def strided(num_prompts: int, path: str | None) -> list[str]:

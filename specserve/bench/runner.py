@@ -106,22 +106,38 @@ def _checkpoint(doc: dict, out: str) -> None:
     (outdir / "results.json").write_text(json.dumps(doc, indent=1, default=str))
 
 
+def load_llm(model: str, options, methods: list[Method], max_batch: int, max_len: int):
+    """An ``LLM`` with every method's drafter loaded under the method's label."""
+    from specserve.llm import LLM
+    return LLM(model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
+               max_batch=max_batch, max_len=max_len)
+
+
+def has_chat_template(llm) -> bool:
+    """Whether prompts go through the model's chat template (a base model's file may have none)."""
+    return llm.tokenizer.hf.chat_template is not None
+
+
+def encode_all(llm, texts: list[str]) -> list[list[int]]:
+    """Each prompt's ids, under the chat template where the model has one (else as raw text)."""
+    chat = has_chat_template(llm)
+    return [llm.encode(t, raw=not chat) for t in texts]
+
+
 def run_bench(cfg: BenchConfig, options=None) -> dict:
     """The phases of the module docstring, in order; results.json is written after each of them."""
     from specserve.bench.costs import cost_curve
-    from specserve.llm import LLM, freeze_heap
+    from specserve.llm import freeze_heap
 
     methods = _methods(cfg)
     prompts, cfg.groups = sample(cfg.per_group, cfg.groups, cfg.prompts_file)
     if any(c < 1 for c in cfg.concurrency):
         raise SpecserveError("concurrency levels must be >= 1")
-    llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods},
-              max_batch=1, max_len=MAX_LEN)
+    llm = load_llm(cfg.model, options, methods, 1, MAX_LEN)
     cfg_grammars = grammars(llm, prompts)
     freeze_heap()                        # what is loaded, out of the collector's full walks (as a server does)
-    chat = llm.tokenizer.hf.chat_template is not None       # a base model's file may have no chat template
-    ids = [llm.encode(p.text, raw=not chat) for p in prompts]
-    doc = _header(cfg, llm.target, chat)
+    ids = encode_all(llm, [p.text for p in prompts])
+    doc = _header(cfg, llm.target, has_chat_template(llm))
     doc["roofline"] = _roofline(llm.target)                  # 1. printed before anything is measured
     print("cost curve", file=sys.stderr)                     # 2.
     doc["cost_curve"] = cost_curve(llm.target, cfg.cost_tokens, cfg.cost_batches) if cfg.cost_tokens else []

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from specserve.bench.datasets import rotation, sample
-from specserve.bench.interleaved import encode_all, load_llm, methods_of
+from specserve.bench.interleaved import methods_of
+from specserve.bench.runner import encode_all, load_llm
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 from specserve.stats import Timings
