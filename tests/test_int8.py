@@ -13,7 +13,7 @@ from specserve.models import native as nt
 from specserve.models.native import packed as pk
 from test_native import BLOCKS, K_QUANTS, make_weight
 
-pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt._cpu_flags(),
+pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt.build._cpu_flags(),
                                 reason="this CPU lacks AVX2/FMA/F16C")
 OTHER_PATHS = ["avx512-vnni", "avx-vnni"]
 
@@ -207,7 +207,7 @@ def test_ceilings_double_the_work_until_the_time_is_long_enough(monkeypatch):
     assert np.isfinite(real_int8) and real_int8 > 0 and np.isfinite(real_fma) and real_fma > 0
     with monkeypatch.context() as m:                   # (undone before this module's fixtures reset the path)
         m.setattr(pk, "library", lambda: Fake())
-        m.setattr(nt, "library", lambda: Fake())
+        m.setattr(nt.kernels, "library", lambda: Fake())
         assert pk.int8_peak(0.001) == pytest.approx(2 * 8 * 32 * 1e9)      # 8 x 32 multiply-adds an iteration
         assert nt.fma_peak(0.001) == pytest.approx(2 * 96 * 1e9)
     assert calls["int8"] == [1 << k for k in range(14, 21)]                  # 2^20 ns: the first >= 1 ms

@@ -376,6 +376,35 @@ def test_timer_hook_times_every_part(kernels):
     assert dict(timer.seconds) == before
 
 
+GEMMA_LIKE = dict(arch="gemma3", qk_norm=True, post_norms=True, activation="gelu_tanh", embed_scale=32 ** 0.5,
+                  sliding_window=8, sliding_pattern=2, local_rope_theta=1e4, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("kernels", ["native", "native-int8"])
+@pytest.mark.parametrize("arch", [dict(attention_bias=True), GEMMA_LIKE], ids=["llama-bias", "gemma-like"])
+def test_native_timer_keeps_every_bit(kernels, arch):
+    """ss_forward timing its own kernel calls: a timed pass gives the logits and features of an untimed
+    one, bit for bit (a chain with features, a ragged tree pass with logits_for; Gemma's post norms,
+    q/k norms, gelu and embedding scale), and every part of decoder.PARTS gets seconds > 0."""
+    from specserve.models.decoder import PARTS, PartTimer, timed
+
+    lm = tiny_model(seed=6, vocab=64, kernels=kernels, **arch)
+    m, last = lm.model, lm.config.num_layers
+    cache = m.new_cache(2, 64)
+    toks, parents = torch.tensor([5, 1, 2, 3, 4, 7, 8]), torch.tensor([-1, 0, 1, -1, 0, 0, 1])
+
+    def run() -> list[torch.Tensor]:
+        a = m(torch.tensor([[1, 2, 3, 4]]), cache, [0], [0], features=(0, last))
+        b = m(toks, cache, [0, 1], [4, 0], lengths=[3, 4], parents=parents, features=(1,), logits_for=[0, 2, 5])
+        return [a.logits, *a.features.values(), b.logits, *b.features.values()]
+
+    plain = run()
+    with timed(m, PartTimer()) as timer:
+        got = run()
+    assert len(got) == len(plain) == 5 and all(torch.equal(x, y) for x, y in zip(got, plain))
+    assert set(timer.seconds) == set(PARTS) and all(timer.seconds[p] > 0 for p in PARTS), dict(timer.seconds)
+
+
 @pytest.mark.parametrize("kernels", ["native", "native-int8", "fbgemm", "torch"])
 def test_ragged_pass_equals_separate_passes(kernels):
     """One ragged pass over three sequences of 1, 5 and 3 tokens (the last a tree) gives each token

@@ -1,6 +1,8 @@
 """Native CPU kernels: exact dequantization, accuracy against float64 references, and the property
 the runtime is built on: every output row is bit-identical however many rows share the call."""
 
+import ctypes
+
 import gguf
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from gguf import quants
 from specserve.models import native as nt
 
 # Only a CPU without the instructions excuses these tests; a failing build fails them.
-pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt._cpu_flags(),
+pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt.build._cpu_flags(),
                                 reason="this CPU lacks AVX2/FMA/F16C")
 
 GGUF_TYPES = {nt.Q4_1: gguf.GGMLQuantizationType.Q4_1, nt.Q8_0: gguf.GGMLQuantizationType.Q8_0,
@@ -244,3 +246,33 @@ def test_small_blocks_as_q8_0_keep_every_value(fmt):
     v, vref = make_weight(nt.Q8_0, 5, 96, seed=10)
     fused = nt.NativeWeight.cat([w, v])
     assert fused.fmt == nt.Q8_0 and torch.equal(fused.dequantize(), torch.cat([ref, vref]))
+
+
+def test_forward_structures_and_parts_are_the_librarys():
+    """abi.py's SsPass / SsLayer have the library's sizes and its parts are decoder.PARTS in order; a
+    library that differs is refused at load, and a pass of another version or size before it runs."""
+    from specserve.models.decoder import PARTS
+    from specserve.models.native import abi
+
+    lib = nt.library()
+    got = (ctypes.c_int64 * 4)()
+    lib.ss_forward_abi(got)
+    assert tuple(got) == (nt.ABI_VERSION, ctypes.sizeof(abi.SsPass), ctypes.sizeof(abi.SsLayer), len(PARTS))
+    assert abi.part_names(lib) == PARTS
+    for field, value, why in (("version", nt.ABI_VERSION - 1, "version"), ("pass_size", 8, "sizes"),
+                              ("layer_size", 8, "sizes")):
+        p = abi.SsPass.new()
+        setattr(p, field, value)
+        with pytest.raises(RuntimeError, match=why):
+            abi.run_pass(lib, p)
+
+
+def test_a_library_of_other_parts_is_refused(monkeypatch):
+    from specserve.models.native import abi
+
+    monkeypatch.setattr(abi, "PARTS", tuple(reversed(abi.PARTS)))
+    with pytest.raises(RuntimeError, match="times the parts"):
+        abi.bind(nt.library(), "lib")
+    monkeypatch.setattr(abi, "ABI_VERSION", abi.ABI_VERSION + 1)
+    with pytest.raises(RuntimeError, match="stale"):
+        abi.bind(nt.library(), "lib")

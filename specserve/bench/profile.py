@@ -1,10 +1,10 @@
 """Where the time of one target pass goes: projections, attention, LM head, the rest.
 
-Each part is timed through the decoder's timer hook (``Decoder.set_timer``: the native runtime
-rebinds its kernel calls to timing wrappers, the torch runtimes add forward hooks to their modules),
-over ``reps`` passes of ``tokens`` new tokens at ``context`` cached positions; "overhead" is the
-pass time not inside any timed part (Python, allocation, indexing).  Timing adds a little time of
-its own, so the parts are reported next to an untimed pass time.
+Each part is timed through the decoder's timer hook (``Decoder.set_timer``: the native runtime's
+one foreign call times each of its kernel calls, the torch runtimes add forward hooks to their
+modules), over ``reps`` passes of ``tokens`` new tokens at ``context`` cached positions; "overhead"
+is the pass time not inside any timed part (Python, allocation, indexing).  Timing adds a little
+time of its own, so the parts are reported next to an untimed pass time.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 // A whole decoding or verification pass in a single call (see simd.h for the kernels' invariance).
 //
-// The same kernel calls, in the same order and with the same arguments, as the step-by-step path
-// of NativeTransformer.forward in model.py (used when profiling), so the bits are the same; being
-// one foreign call, it takes the Python lock once per pass instead of once per kernel, so other
-// Python threads (a server's HTTP and streaming threads) cannot stall the pass between kernels.
+// Being one foreign call, it takes the Python lock once per pass instead of once per kernel, so other
+// Python threads (a server's HTTP and streaming threads) cannot stall the pass between kernels.  The
+// pass is described by one versioned structure (SsPass, with a table of SsLayer), mirrored field for
+// field by abi.py.  When the pass asks for it, each kernel call is timed into its part (PartTimer in
+// decoder.py); the calls are the same either way, so the bits are the same.
+
+#include <chrono>
 
 #include "simd.h"
 
@@ -23,79 +26,195 @@ void ss_attention(const float* q, const float* kc, const float* vc, const int64_
                   const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
                   int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out);
 void ss_embed(const int64_t* tokens, int64_t n, const uint8_t* w, int fmt, int64_t K, float* out);
+}
 
-// Per-layer weights and settings, LAYER_FIELDS int64 each (pointers as integers, 0 for none):
-// POST_ATTN_NORM / POST_FFN_NORM: norms of the attention / MLP output before the residual add (Gemma 3);
-// COS, SIN: the layer's rotary tables [positions, D]; WINDOW: its sliding window (0: none); ACT: 0 silu,
-// 1 gelu_tanh.
-enum LayerField : int {
-  ATTN_NORM, QKV_W, QKV_FMT, QKV_BIAS, Q_NORM, K_NORM, O_W, O_FMT, FFN_NORM, GU_W, GU_FMT, DOWN_W, DOWN_FMT,
-  POST_ATTN_NORM, POST_FFN_NORM, COS, SIN, WINDOW, ACT, LAYER_FIELDS
+// The parts a pass is timed by, in the order of decoder.PARTS (checked when the library is loaded).
+// NORMS is everything but the linears and attention: embedding, scaling, rmsnorms, residual adds,
+// the activation, feature copies and the gather of the wanted rows.
+enum Part : int { QKV, O, GATE_UP, DOWN, ATTENTION, LM_HEAD, NORMS, PART_COUNT };
+const char* const PART_NAMES[PART_COUNT] = {"qkv", "o", "gate_up", "down", "attention", "lm_head",
+                                            "norms+activation"};
+
+// One decoder layer's weights and settings.  A weight is rows of blocks of its format (ss_linear's w);
+// a null norm or bias: the layer has none.
+struct SsLayer {
+  const float* attn_norm;        // [hid]
+  const uint8_t* qkv;            // fused QKV [(H + 2 Hkv) D, hid]
+  int64_t qkv_fmt;
+  const float* qkv_bias;         // [(H + 2 Hkv) D] or null
+  const float* q_norm;           // [D] or null (per-head q/k norms)
+  const float* k_norm;           // [D] or null
+  const uint8_t* o;              // [hid, H D]
+  int64_t o_fmt;
+  const float* ffn_norm;         // [hid]
+  const uint8_t* gate_up;        // fused gate/up [2 inter, hid]
+  int64_t gate_up_fmt;
+  const uint8_t* down;           // [hid, inter]
+  int64_t down_fmt;
+  const float* post_attn_norm;   // [hid] or null: norm of the attention output before the residual add (Gemma 3)
+  const float* post_ffn_norm;    // [hid] or null: the same for the MLP output
+  const float* cos;              // [positions, D] the layer's rotary tables
+  const float* sin;              // [positions, D]
+  int64_t window;                // sliding window (0: none)
+  int64_t act;                   // 0: silu, 1: gelu_tanh
 };
 
-int ss_layer_fields() { return LAYER_FIELDS; }
+// A whole pass: embedding (times embed_scale unless 1), every layer, final norm and LM head.
+struct SsPass {
+  int64_t version;               // ABI_VERSION
+  int64_t pass_size;             // sizeof(SsPass)
+  int64_t layer_size;            // sizeof(SsLayer)
+  int64_t L, M, hid, inter;      // layers, tokens in the pass, hidden and intermediate sizes
+  int64_t H, Hkv, D;             // query heads, key/value heads, head dim
+  int64_t R, C;                  // the cache's rows and capacity (slots per row)
+  int64_t B;                     // sequences in the pass
+  int64_t V;                     // LM-head rows
+  int64_t n_logits;              // rows whose logits are wanted (logit_rows); < 0: all M
+  float eps, scale, embed_scale; // rmsnorm epsilon, attention scale, embedding multiplier
+  const int64_t* tokens;         // [M]
+  const int64_t* rows;           // [B] cache rows
+  const int64_t* start;          // [B] first slot of each sequence's tokens
+  const int64_t* offsets;        // [B+1] sequence b owns tokens offsets[b] .. offsets[b+1]-1
+  const int64_t* seq_of;         // [M] each token's sequence
+  const int64_t* pos;            // [M] rotary positions
+  const int64_t* parent;         // [M] parent within the sequence (-1: a root), or null: chains
+  const int64_t* logit_rows;     // [n_logits] gathered in that order, or null
+  float* x;                      // [M, hid] the residual stream
+  float* hbuf;                   // [M, hid] normed input of each sublayer
+  float* qkv;                    // [M, (H + 2 Hkv) D]
+  float* q;                      // [M, H D] rotated queries
+  float* att;                    // [M, H D] attention output
+  float* gu;                     // [M, 2 inter] fused gate/up
+  float* act;                    // [M, inter]
+  float* kc;                     // [L, R, Hkv, C, D] the cache's keys
+  float* vc;                     // [L, R, Hkv, C, D] and values
+  const uint8_t* embed;          // [vocab, hid] in embed_fmt
+  int64_t embed_fmt;
+  const float* norm;             // [hid] final norm
+  const uint8_t* head;           // [V, hid] in head_fmt
+  int64_t head_fmt;
+  float* logits;                 // [n_logits or M, V] out
+  float* const* feats;           // [L+1]: each layer's input and, at L, the normed output (null: not
+                                 // wanted), or null
+  const SsLayer* layers;         // [L]
+  double* part_seconds;          // [PART_COUNT] seconds added per part, or null: no timing
+};
 
-// A whole pass: embedding (times embed_scale unless 1), every layer, final norm and LM head.  tokens: [M];
-// x: [M, hid] scratch;
-// hbuf, qkv, q, att, gu, act: scratch as in model.py; weights: [L, LAYER_FIELDS]; kc, vc: the cache's
-// [L, R, Hkv, C, D] tensors; embed / head: the embedding and LM-head matrices (fmt, V rows);
-// logit_rows: [n_logits] the rows whose logits are wanted (gathered, in that order); n_logits < 0: all M;
-// logits: [n_logits or M, V] out; feats: [L+1] destinations for each layer's input and, at L, the
-// normed output (0: not wanted), or null.
-void ss_forward(const int64_t* tokens, float* x, float* hbuf, float* qkv, float* q, float* att, float* gu,
-                float* act, int64_t L, int64_t M, int64_t hid, int64_t inter, int64_t H, int64_t Hkv, int64_t D,
-                int64_t R, int64_t C, float eps, float scale, float embed_scale, const int64_t* rows,
-                const int64_t* start, const int64_t* offsets, const int64_t* seq_of, const int64_t* pos,
-                const int64_t* parent, int64_t B, const int64_t* weights, float* kc, float* vc,
-                const uint8_t* embed, int embed_fmt, const float* norm, const uint8_t* head, int head_fmt, int64_t V,
-                const int64_t* logit_rows, int64_t n_logits, float* logits, const int64_t* feats) {
-  const int64_t layer_cache = R * Hkv * C * D;
-  ss_embed(tokens, M, embed, embed_fmt, hid, x);
-  if (embed_scale != 1.0f) ss_scale(x, embed_scale, M * hid);
-  for (int64_t i = 0; i < L; ++i) {
-    const int64_t* w = weights + i * LAYER_FIELDS;
-    auto f32 = [&](int field) { return reinterpret_cast<const float*>(w[field]); };
-    auto u8 = [&](int field) { return reinterpret_cast<const uint8_t*>(w[field]); };
-    if (feats && feats[i]) std::memcpy(reinterpret_cast<float*>(feats[i]), x, M * hid * sizeof(float));
-    float *kci = kc + i * layer_cache, *vci = vc + i * layer_cache;
-    // 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual,
-    //    or into hbuf, post-norm, += residual)
-    ss_rmsnorm(x, f32(ATTN_NORM), M, hid, eps, hbuf);
-    ss_linear(hbuf, M, hid, u8(QKV_W), static_cast<int>(w[QKV_FMT]), (H + 2 * Hkv) * D, f32(QKV_BIAS), qkv, 0);
-    ss_rope_cache(qkv, f32(COS), f32(SIN), rows, start, offsets, seq_of, pos, M, H, Hkv, C, D, f32(Q_NORM),
-                  f32(K_NORM), eps, q, kci, vci);
-    ss_attention(q, kci, vci, rows, start, offsets, pos, parent, B, H, Hkv, C, D, scale, w[WINDOW], att);
-    if (w[POST_ATTN_NORM]) {
-      ss_linear(att, M, H * D, u8(O_W), static_cast<int>(w[O_FMT]), hid, nullptr, hbuf, 0);
-      ss_rmsnorm(hbuf, f32(POST_ATTN_NORM), M, hid, eps, hbuf);
-      ss_add(x, hbuf, M * hid);
-    } else {
-      ss_linear(att, M, H * D, u8(O_W), static_cast<int>(w[O_FMT]), hid, nullptr, x, 1);
+namespace {
+
+// Runs kernel calls, adding each one's seconds into its part when the pass asks for timing (when it
+// does not, a call costs one branch more).
+class Clock {
+ public:
+  explicit Clock(double* seconds) : seconds_(seconds) {}
+
+  template <class F>
+  void operator()(Part part, F&& call) {
+    if (!seconds_) {
+      call();
+      return;
     }
-    // 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual, or post-norm
-    //    first)
-    ss_rmsnorm(x, f32(FFN_NORM), M, hid, eps, hbuf);
-    ss_linear(hbuf, M, hid, u8(GU_W), static_cast<int>(w[GU_FMT]), 2 * inter, nullptr, gu, 0);
-    if (w[ACT]) ss_gelu_tanh_mul(gu, M, inter, act);
-    else ss_silu_mul(gu, M, inter, act);
-    if (w[POST_FFN_NORM]) {
-      ss_linear(act, M, inter, u8(DOWN_W), static_cast<int>(w[DOWN_FMT]), hid, nullptr, hbuf, 0);
-      ss_rmsnorm(hbuf, f32(POST_FFN_NORM), M, hid, eps, hbuf);
-      ss_add(x, hbuf, M * hid);
-    } else {
-      ss_linear(act, M, inter, u8(DOWN_W), static_cast<int>(w[DOWN_FMT]), hid, nullptr, x, 1);
-    }
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    seconds_[part] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  ss_rmsnorm(x, norm, M, hid, eps, hbuf);
-  if (feats && feats[L]) std::memcpy(reinterpret_cast<float*>(feats[L]), hbuf, M * hid * sizeof(float));
-  const float* out = hbuf;
+
+ private:
+  double* seconds_;
+};
+
+// x += a W^T (a: [M, K], w: [hid, K]), through post_norm first when the layer has one (into hbuf,
+// normed, added).
+void residual(const SsPass& p, Clock& run, Part part, const float* a, int64_t K, const uint8_t* w, int64_t fmt,
+              const float* post_norm) {
+  const int f = static_cast<int>(fmt);
+  if (!post_norm) {
+    run(part, [&] { ss_linear(a, p.M, K, w, f, p.hid, nullptr, p.x, 1); });
+    return;
+  }
+  run(part, [&] { ss_linear(a, p.M, K, w, f, p.hid, nullptr, p.hbuf, 0); });
+  run(NORMS, [&] {
+    ss_rmsnorm(p.hbuf, post_norm, p.M, p.hid, p.eps, p.hbuf);
+    ss_add(p.x, p.hbuf, p.M * p.hid);
+  });
+}
+
+// Decoder layer i on p.x in place.
+void layer(const SsPass& p, const SsLayer& w, int64_t i, Clock& run) {
+  const int64_t M = p.M, hid = p.hid, H = p.H, Hkv = p.Hkv, D = p.D;
+  float *kc = p.kc + i * p.R * Hkv * p.C * D, *vc = p.vc + i * p.R * Hkv * p.C * D;
+  if (p.feats && p.feats[i]) run(NORMS, [&] { std::memcpy(p.feats[i], p.x, M * hid * sizeof(float)); });
+  // 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
+  run(NORMS, [&] { ss_rmsnorm(p.x, w.attn_norm, M, hid, p.eps, p.hbuf); });
+  run(QKV, [&] {
+    ss_linear(p.hbuf, M, hid, w.qkv, static_cast<int>(w.qkv_fmt), (H + 2 * Hkv) * D, w.qkv_bias, p.qkv, 0);
+  });
+  run(ATTENTION, [&] {
+    ss_rope_cache(p.qkv, w.cos, w.sin, p.rows, p.start, p.offsets, p.seq_of, p.pos, M, H, Hkv, p.C, D, w.q_norm,
+                  w.k_norm, p.eps, p.q, kc, vc);
+    ss_attention(p.q, kc, vc, p.rows, p.start, p.offsets, p.pos, p.parent, p.B, H, Hkv, p.C, D, p.scale, w.window,
+                 p.att);
+  });
+  residual(p, run, O, p.att, H * D, w.o, w.o_fmt, w.post_attn_norm);
+  // 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)
+  run(NORMS, [&] { ss_rmsnorm(p.x, w.ffn_norm, M, hid, p.eps, p.hbuf); });
+  run(GATE_UP, [&] {
+    ss_linear(p.hbuf, M, hid, w.gate_up, static_cast<int>(w.gate_up_fmt), 2 * p.inter, nullptr, p.gu, 0);
+  });
+  run(NORMS, [&] {
+    if (w.act) ss_gelu_tanh_mul(p.gu, M, p.inter, p.act);
+    else ss_silu_mul(p.gu, M, p.inter, p.act);
+  });
+  residual(p, run, DOWN, p.act, p.inter, w.down, w.down_fmt, w.post_ffn_norm);
+}
+
+// Final norm (and its features), the wanted rows gathered into x (free after the norm), the LM head.
+void head(const SsPass& p, Clock& run) {
+  const int64_t M = p.M, hid = p.hid;
+  run(NORMS, [&] { ss_rmsnorm(p.x, p.norm, M, hid, p.eps, p.hbuf); });
+  if (p.feats && p.feats[p.L]) run(NORMS, [&] { std::memcpy(p.feats[p.L], p.hbuf, M * hid * sizeof(float)); });
+  const float* out = p.hbuf;
   int64_t n_out = M;
-  if (n_logits >= 0) {         // gather the wanted rows into x (free after the final norm)
-    for (int64_t r = 0; r < n_logits; ++r) std::memcpy(x + r * hid, hbuf + logit_rows[r] * hid, hid * sizeof(float));
-    out = x;
-    n_out = n_logits;
+  if (p.n_logits >= 0) {
+    run(NORMS, [&] {
+      for (int64_t r = 0; r < p.n_logits; ++r)
+        std::memcpy(p.x + r * hid, p.hbuf + p.logit_rows[r] * hid, hid * sizeof(float));
+    });
+    out = p.x;
+    n_out = p.n_logits;
   }
-  ss_linear(out, n_out, hid, head, head_fmt, V, nullptr, logits, 0);
+  run(LM_HEAD, [&] { ss_linear(out, n_out, hid, p.head, static_cast<int>(p.head_fmt), p.V, nullptr, p.logits, 0); });
+}
+
+}  // namespace
+
+extern "C" {
+
+// What Python checks at load: out[4] = {ABI_VERSION, sizeof(SsPass), sizeof(SsLayer), PART_COUNT}.
+void ss_forward_abi(int64_t* out) {
+  out[0] = ss::ABI_VERSION;
+  out[1] = sizeof(SsPass);
+  out[2] = sizeof(SsLayer);
+  out[3] = PART_COUNT;
+}
+
+// Part i's name (decoder.PARTS[i]), or null past the last.
+const char* ss_part_name(int i) { return i >= 0 && i < PART_COUNT ? PART_NAMES[i] : nullptr; }
+
+// One whole pass; returns 0, or (running nothing) 1 when p's version is not ABI_VERSION, 2 when its
+// sizes are not this library's.
+int ss_forward(const SsPass* p) {
+  if (!p || p->version != ss::ABI_VERSION) return 1;
+  if (p->pass_size != static_cast<int64_t>(sizeof(SsPass)) || p->layer_size != static_cast<int64_t>(sizeof(SsLayer)))
+    return 2;
+  Clock run(p->part_seconds);
+  run(NORMS, [&] {
+    ss_embed(p->tokens, p->M, p->embed, static_cast<int>(p->embed_fmt), p->hid, p->x);
+    if (p->embed_scale != 1.0f) ss_scale(p->x, p->embed_scale, p->M * p->hid);
+  });
+  for (int64_t i = 0; i < p->L; ++i) layer(*p, p->layers[i], i, run);
+  head(*p, run);
+  return 0;
 }
 
 }  // extern "C"

@@ -153,7 +153,7 @@ void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pf
                   float* y, int accumulate);
 void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt, int64_t K, float* out);
 
-int ss_abi_version() { return 10; }
+int ss_abi_version() { return static_cast<int>(ABI_VERSION); }
 
 // Seconds for every thread to run `iters` rounds of 12 independent 8-lane FMA chains: 96
 // multiply-adds per round per thread, with nothing read from memory, i.e. the machine's fp32

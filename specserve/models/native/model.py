@@ -3,16 +3,18 @@
 Implements the decoder protocol (``specserve.models.decoder``) like ``llama.Transformer``, on a
 different runtime: weights stay in the blocks they were stored in (GGUF blocks; Q4_0 / Q5_0 as the
 Q8_0 blocks that hold them exactly; fp32 for float checkpoints), activations are int8 (block weights
-repacked for integer products, ``packed.py``) or fp32 (``activations``), and each layer is nine calls
-into the C++ kernels over buffers allocated once per pass.  Every kernel is batch-invariant by construction (see the
-header of simd.h), so one token's logits are bit-identical however many tokens, rows or cache
-slots share its pass, for decoding, verification and prompt prefill alike: a prompt prefilled whole,
-in chunks of any size, or beside other sequences' decoding leaves the same bits in the cache.
+repacked for integer products, ``packed.py``) or fp32 (``activations``), and a whole pass is one call
+into the C++ kernels (``ss_forward``, forward.cpp) over buffers allocated once per pass.  Every
+kernel is batch-invariant by construction (see the header of simd.h), so one token's logits are
+bit-identical however many tokens, rows or cache slots share its pass, for decoding, verification
+and prompt prefill alike: a prompt prefilled whole, in chunks of any size, or beside other
+sequences' decoding leaves the same bits in the cache.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 from dataclasses import dataclass
 from typing import Callable
@@ -23,10 +25,13 @@ from torch import Tensor, nn
 
 from specserve.limits import NO_LIMIT
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import ForwardOutput, Layout, PartTimer, logit_rows
+from specserve.models.decoder import PARTS, ForwardOutput, Layout, PartTimer, logit_rows
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
-from specserve.models.native import F16, MAX_TREE_TOKENS, Q4_0, Q5_0, BlockWeight, NativeWeight, library, linear
+from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
+from specserve.models.native.build import library
+from specserve.models.native.formats import F16, Q4_0, Q5_0, BlockWeight, NativeWeight
+from specserve.models.native.kernels import linear
 from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
@@ -104,6 +109,16 @@ class _Layer:
     def weights(self) -> list[NativeWeight]:
         return [self.qkv, self.o, self.gate_up, self.down]
 
+    def entry(self) -> SsLayer:
+        """This layer as ss_forward reads it: pointers into tensors that this layer keeps referenced."""
+        return SsLayer(attn_norm=self.attn_norm.data_ptr(), qkv=self.qkv.data.data_ptr(), qkv_fmt=self.qkv.fmt,
+                       qkv_bias=_ptr(self.qkv_bias), q_norm=_ptr(self.q_norm), k_norm=_ptr(self.k_norm),
+                       o=self.o.data.data_ptr(), o_fmt=self.o.fmt, ffn_norm=self.ffn_norm.data_ptr(),
+                       gate_up=self.gate_up.data.data_ptr(), gate_up_fmt=self.gate_up.fmt,
+                       down=self.down.data.data_ptr(), down_fmt=self.down.fmt,
+                       post_attn_norm=_ptr(self.post_attn_norm), post_ffn_norm=_ptr(self.post_ffn_norm),
+                       cos=self.cos.data_ptr(), sin=self.sin.data_ptr(), window=self.window, act=int(self.gelu))
+
     def pack(self) -> None:
         """Repack every block weight for int8 activations (float weights keep float math)."""
         for name in ("qkv", "o", "gate_up", "down"):
@@ -142,18 +157,10 @@ class NativeTransformer(nn.Module):
         self.set_timer(None)
         self._weights = self._table()
 
-    def _table(self) -> Tensor:
-        """Every layer's weights as one table of pointers for ss_forward (the tensors stay referenced
-        by self.layers, so the pointers stay valid)."""
-        opt = lambda t: t.data_ptr() if t is not None else 0                    # noqa: E731
-        table = [[layer.attn_norm.data_ptr(), layer.qkv.data.data_ptr(), layer.qkv.fmt, opt(layer.qkv_bias),
-                  opt(layer.q_norm), opt(layer.k_norm), layer.o.data.data_ptr(), layer.o.fmt,
-                  layer.ffn_norm.data_ptr(), layer.gate_up.data.data_ptr(), layer.gate_up.fmt,
-                  layer.down.data.data_ptr(), layer.down.fmt, opt(layer.post_attn_norm), opt(layer.post_ffn_norm),
-                  layer.cos.data_ptr(), layer.sin.data_ptr(), layer.window, int(layer.gelu)] for layer in self.layers]
-        if len(table[0]) != self.lib.ss_layer_fields():
-            raise RuntimeError("native kernel library and model.py disagree on the layer table")
-        return torch.tensor(table, dtype=torch.int64)
+    def _table(self) -> ctypes.Array:
+        """Every layer's weights as ss_forward's table of SsLayer [L] (the tensors stay referenced by
+        self.layers, so the pointers stay valid)."""
+        return (SsLayer * len(self.layers))(*[layer.entry() for layer in self.layers])
 
     def _set_activations(self, activations: str) -> str:
         """Pack the block weights for int8 activations unless ``f32`` was asked for; ``int8`` on a
@@ -220,29 +227,9 @@ class NativeTransformer(nn.Module):
                        torch.float32, "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
 
     def set_timer(self, timer: PartTimer | None) -> None:
-        """Time later passes by part: the kernel calls are rebound to timing wrappers (a hook on
-        this instance; nothing global is touched), and passes run their layers from Python, one
-        kernel call at a time (the same calls as ``ss_forward``, so the same bits)."""
+        """Time later passes by part into ``timer`` (None: stop timing): ss_forward times its own kernel
+        calls, the same calls as untimed, so the same bits."""
         self._timer = timer
-        if timer is None:
-            self._linear, self._lib = linear, self.lib
-            return
-        roles = {id(self.lm_head): "lm_head"}
-        for layer in self.layers:
-            roles.update({id(layer.qkv): "qkv", id(layer.o): "o", id(layer.gate_up): "gate_up",
-                          id(layer.down): "down"})
-        lib_roles = {"ss_rope_cache": "attention", "ss_attention": "attention"}
-
-        def by_role(fn):
-            def call(x, w, *args, **kwargs):
-                return timer.wrap(roles.get(id(w), "lm_head"), fn)(x, w, *args, **kwargs)
-            return call
-
-        class Lib:
-            def __getattr__(_, name):
-                return timer.wrap(lib_roles.get(name, "norms+activation"), getattr(self.lib, name))
-
-        self._linear, self._lib = by_role(linear), Lib()
 
     def matmul(self, weight: Tensor, bias: Tensor | None = None) -> Callable[[Tensor], Tensor]:
         """y = x W^T (+ b) on the native kernels (see the protocol): weight [out, in] as Q8_0 blocks
@@ -261,18 +248,18 @@ class NativeTransformer(nn.Module):
                 lengths: list[int] | None = None, parents: Tensor | None = None, last_only: bool = False,
                 features: tuple[int, ...] = (), logits_for: list[int] | None = None) -> ForwardOutput:
         """One pass (layout: ``specserve.models.decoder``), chain, tree or ragged: the whole pass in
-        one foreign call (``ss_forward``), or, while a timer is set, the same kernel calls one at a
-        time from Python (the same bits)."""
+        one foreign call (``ss_forward``), which also times its parts while a timer is set."""
         lay = Layout.of(tokens, lengths, parents)
         pick = logit_rows(lengths, last_only, logits_for)
         if last_only:
             pick = lay.offsets[1:] - 1                                              # each row's last token
         self._check_fits(lay, start, cache)
         p = self._new_pass(tokens, lay, rows, start, pick, features)
-        if self._timer is None:
-            self._run_whole(p, cache)
-        else:
-            self._run_by_call(p, cache)
+        seconds = (ctypes.c_double * len(PARTS))() if self._timer is not None else None
+        self._run(p, cache, seconds)
+        if seconds is not None:
+            for part, t in zip(PARTS, seconds):
+                self._timer.seconds[part] += t
         return self._output(p.logits, p.wanted, lengths is not None, len(lay.lengths),
                             1 if last_only else max(lay.lengths))
 
@@ -308,71 +295,24 @@ class NativeTransformer(nn.Module):
             act=torch.empty(m, inter), logits=torch.empty(n_logits, self.lm_head.shape[0]),
             wanted={i: torch.empty(m, hid) for i in features if i <= cfg.num_layers})
 
-    def _run_whole(self, p: _Pass, cache: KVCache) -> None:
-        """The whole pass in one foreign call: the Python lock is taken once (see forward.cpp)."""
+    def _run(self, p: _Pass, cache: KVCache, seconds: "ctypes.Array | None") -> None:
+        """The whole pass in one foreign call: the Python lock is taken once (see forward.cpp);
+        seconds: [len(PARTS)] each part's seconds added, or None: untimed."""
         cfg = self.config
-        ptrs = torch.tensor([p.wanted[i].data_ptr() if i in p.wanted else 0 for i in range(cfg.num_layers + 1)],
-                            dtype=torch.int64) if p.wanted else None
-        self._lib.ss_forward(
-            p.tok.data_ptr(), p.x.data_ptr(), p.hbuf.data_ptr(), p.qkv.data_ptr(), p.q.data_ptr(), p.att.data_ptr(),
-            p.gu.data_ptr(), p.act.data_ptr(), cfg.num_layers, p.m, cfg.hidden_size, cfg.intermediate_size,
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.k_all.shape[1], cache.capacity,
-            float(cfg.rms_norm_eps), float(cfg.head_dim ** -0.5), float(cfg.embed_scale), p.rows.data_ptr(),
-            p.start.data_ptr(), p.offsets.data_ptr(), p.seq_of.data_ptr(), p.pos.data_ptr(), _ptr(p.parents), p.bsz,
-            self._weights.data_ptr(), cache.k_all.data_ptr(), cache.v_all.data_ptr(), self.embed.data.data_ptr(),
-            self.embed.fmt, self.norm.data_ptr(), self.lm_head.data.data_ptr(), self.lm_head.fmt,
-            self.lm_head.shape[0], _ptr(p.pick), len(p.pick) if p.pick is not None else -1, p.logits.data_ptr(),
-            _ptr(ptrs))
-
-    def _run_by_call(self, p: _Pass, cache: KVCache) -> None:
-        """The pass as ``ss_forward`` runs it, one (timed) kernel call at a time from Python."""
-        cfg, lib = self.config, self._lib
-        m, hid, eps = p.m, cfg.hidden_size, float(cfg.rms_norm_eps)
-        lib.ss_embed(p.tok.data_ptr(), m, self.embed.data.data_ptr(), self.embed.fmt, hid, p.x.data_ptr())
-        if cfg.embed_scale != 1.0:
-            lib.ss_scale(p.x.data_ptr(), float(cfg.embed_scale), m * hid)
-        for i, layer in enumerate(self.layers):
-            if i in p.wanted:
-                p.wanted[i].copy_(p.x)
-            self._layer_by_call(layer, p, cache.k[i], cache.v[i], cache.capacity)
-        lib.ss_rmsnorm(p.x.data_ptr(), self.norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
-        if cfg.num_layers in p.wanted:
-            p.wanted[cfg.num_layers].copy_(p.hbuf)
-        out = p.hbuf[p.pick].contiguous() if p.pick is not None else p.hbuf
-        self._linear(out, self.lm_head, out=p.logits)
-
-    def _layer_by_call(self, layer: _Layer, p: _Pass, kc: Tensor, vc: Tensor, cap: int) -> None:
-        """One decoder layer on ``p.x`` in place, kernel call by kernel call; kc, vc: its cache."""
-        cfg, lib, lin = self.config, self._lib, self._linear
-        m, hid, eps = p.m, cfg.hidden_size, float(cfg.rms_norm_eps)
-        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        # 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
-        lib.ss_rmsnorm(p.x.data_ptr(), layer.attn_norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
-        lin(p.hbuf, layer.qkv, layer.qkv_bias, out=p.qkv)
-        lib.ss_rope_cache(p.qkv.data_ptr(), layer.cos.data_ptr(), layer.sin.data_ptr(), p.rows.data_ptr(),
-                          p.start.data_ptr(), p.offsets.data_ptr(), p.seq_of.data_ptr(), p.pos.data_ptr(), m,
-                          h, hkv, cap, d, _ptr(layer.q_norm), _ptr(layer.k_norm), eps, p.q.data_ptr(),
-                          kc.data_ptr(), vc.data_ptr())
-        lib.ss_attention(p.q.data_ptr(), kc.data_ptr(), vc.data_ptr(), p.rows.data_ptr(), p.start.data_ptr(),
-                         p.offsets.data_ptr(), p.pos.data_ptr(), _ptr(p.parents), p.bsz, h, hkv, cap, d,
-                         float(d ** -0.5), layer.window, p.att.data_ptr())
-        self._residual(lin, p.att, layer.o, layer.post_attn_norm, p.x, p.hbuf, eps)
-        # 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)
-        lib.ss_rmsnorm(p.x.data_ptr(), layer.ffn_norm.data_ptr(), m, hid, eps, p.hbuf.data_ptr())
-        lin(p.hbuf, layer.gate_up, out=p.gu)
-        (lib.ss_gelu_tanh_mul if layer.gelu else lib.ss_silu_mul)(p.gu.data_ptr(), m, cfg.intermediate_size,
-                                                                   p.act.data_ptr())
-        self._residual(lin, p.act, layer.down, layer.post_ffn_norm, p.x, p.hbuf, eps)
-
-    def _residual(self, lin, a: Tensor, w: NativeWeight, post_norm: Tensor | None, x: Tensor, hbuf: Tensor,
-                  eps: float) -> None:
-        """x += a W^T, through ``post_norm`` first when the layer has one (as ss_forward does)."""
-        if post_norm is None:
-            lin(a, w, out=x, accumulate=True)
-            return
-        lin(a, w, out=hbuf)
-        self._lib.ss_rmsnorm(hbuf.data_ptr(), post_norm.data_ptr(), x.shape[0], x.shape[1], eps, hbuf.data_ptr())
-        self._lib.ss_add(x.data_ptr(), hbuf.data_ptr(), x.numel())
+        feats = torch.tensor([p.wanted[i].data_ptr() if i in p.wanted else 0 for i in range(cfg.num_layers + 1)],
+                             dtype=torch.int64) if p.wanted else None                # [L+1] destinations
+        run_pass(self.lib, SsPass.new(
+            L=cfg.num_layers, M=p.m, hid=cfg.hidden_size, inter=cfg.intermediate_size, H=cfg.num_heads,
+            Hkv=cfg.num_kv_heads, D=cfg.head_dim, R=cache.k_all.shape[1], C=cache.capacity, B=p.bsz,
+            V=self.lm_head.shape[0], n_logits=len(p.pick) if p.pick is not None else -1,
+            eps=float(cfg.rms_norm_eps), scale=float(cfg.head_dim ** -0.5), embed_scale=float(cfg.embed_scale),
+            tokens=p.tok.data_ptr(), rows=p.rows.data_ptr(), start=p.start.data_ptr(), offsets=p.offsets.data_ptr(),
+            seq_of=p.seq_of.data_ptr(), pos=p.pos.data_ptr(), parent=_ptr(p.parents), logit_rows=_ptr(p.pick),
+            x=p.x.data_ptr(), hbuf=p.hbuf.data_ptr(), qkv=p.qkv.data_ptr(), q=p.q.data_ptr(), att=p.att.data_ptr(),
+            gu=p.gu.data_ptr(), act=p.act.data_ptr(), kc=cache.k_all.data_ptr(), vc=cache.v_all.data_ptr(),
+            embed=self.embed.data.data_ptr(), embed_fmt=self.embed.fmt, norm=self.norm.data_ptr(),
+            head=self.lm_head.data.data_ptr(), head_fmt=self.lm_head.fmt, logits=p.logits.data_ptr(),
+            feats=_ptr(feats), layers=self._weights, part_seconds=seconds))
 
     def _output(self, logits: Tensor, feats: dict[int, Tensor], ragged: bool, bsz: int, t: int) -> ForwardOutput:
         """Flat [N, ...] results for a ragged pass, [B, T, ...] otherwise."""
