@@ -176,12 +176,19 @@ def _fast_tier_guard(what: str):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _native_kernels_built():
-    """Build (or find) the native kernel library once, before any test's guard is up: its first load
-    in a process asks the compiler its version (a subprocess), whichever test happens to come first."""
+def _first_loads():
+    """What asks a subprocess the first time it loads, loaded once before any test's guard is up,
+    whichever test happens to come first: the native kernel library (the compiler's version), and
+    matplotlib's font list (``fc-list``, on a machine where it has no font cache yet)."""
     from specserve.models import native
 
     native.unavailable_reason()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.font_manager  # noqa: F401 - builds the font cache once
+    except ImportError:
+        pass
 
 
 @pytest.fixture(autouse=True)

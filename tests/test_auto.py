@@ -12,10 +12,10 @@ import torch
 
 from conftest import tiny_head, tiny_model
 from specserve.control import AUTO, AcceptanceModel, Controller, CostModel, Slot, StepPlan, Traits
-from specserve.control.controller import part_key
+from specserve.control.parts import part_key
 from specserve.drafters import DraftProposal, DraftRequest, DrafterSpec, Feedback, create
 from specserve.drafters.auto import merge
-from specserve.drafters.base import Drafter
+from specserve.drafters.base import Drafter, part_seconds, parts_of
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
@@ -84,6 +84,22 @@ def test_each_part_gets_its_own_verified_draft_and_accepted_nodes(target):
     fa, fb = a.got[-1], b.got[-1]
     assert fa.proposal.tokens == [5, 6] and fa.accepted == [0] and fa.emitted == [5, 7, 11]
     assert fb.proposal.tokens == [5, 7] and fb.accepted == [0, 1]           # 9 was not verified
+
+
+def test_each_proposal_carries_its_share_of_every_asked_parts_seconds(target):
+    """A part's ``propose`` seconds come back with the proposals, shared out over the requests it
+    drafted for; a part given no budget for a request gets no share of it."""
+    a, b = Fixed([5, 6], [-1, 0], [0.9, 0.8]), Fixed([7], [-1], [0.5])
+    auto = create("auto", target, parts={"a": a, "b": b})
+    reqs = [DraftRequest(i, [1, 2], 8, SamplingParams(), parts={"a": 2, "b": 1 if i else 0}) for i in range(3)]
+    props = auto.propose(reqs)
+    assert [sorted(p.part_seconds) for p in props] == [["a"], ["a", "b"], ["a", "b"]]
+    assert props[1].part_seconds["a"] == props[0].part_seconds["a"] > 0      # one call, three equal shares
+    totals = part_seconds(props)
+    assert totals["a"][1] == 3 and totals["b"][1] == 2
+    assert totals["a"][0] == pytest.approx(3 * props[0].part_seconds["a"])
+    assert part_seconds([ValueError("a fault"), DraftProposal([1])]) == {}    # faults and other drafters: none
+    assert parts_of(auto) == {"a": a, "b": b} and parts_of(a) == {}           # merging is a type, not a method
 
 
 def test_parts_are_checked_before_anything_is_loaded():

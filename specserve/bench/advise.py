@@ -27,9 +27,9 @@ import torch
 
 from specserve.bench.replay import accepted_path
 from specserve.control import Controller, CostModel, Slot
-from specserve.control.controller import part_key
+from specserve.control.parts import part_key
 from specserve.control.prefill import PREFILL_CHUNK
-from specserve.drafters.base import DraftProposal, DraftRequest, Feedback
+from specserve.drafters.base import DraftProposal, DraftRequest, Feedback, part_seconds, parts_of
 from specserve.engine.drafting import traits_of
 from specserve.errors import SpecserveError
 from specserve.limits import MAX_DRAFT
@@ -73,7 +73,7 @@ def replay_level(llm, label: str, k, prompts: list[list[int]], continuations: li
     """``label``'s replay over the sample at ``level`` rows (the module docstring); ``cost``: the cost
     model with its correction as plain decoding at this level left it (default: the LLM engine's)."""
     drafter = llm._drafters[label]
-    if drafter.wants_predictions or any(p.wants_predictions for p in drafter.parts().values()):
+    if drafter.wants_predictions or any(p.wants_predictions for p in parts_of(drafter).values()):
         raise SpecserveError(f"{label!r} needs the target's prediction at every node: it cannot be replayed")
     cost = copy.deepcopy(cost or llm.engine.controller.cost)        # the replay's passes are not observed
     ctl = Controller(traits_of({label: drafter}), cost, MAX_DRAFT, (1,))
@@ -100,7 +100,7 @@ def replay_level(llm, label: str, k, prompts: list[list[int]], continuations: li
         props = drafter.propose(reqs)
         took = time.perf_counter() - t0
         ctl.observe_draft(label, took, sum(1 for r in reqs if r.k > 0))
-        for part, (seconds, n) in drafter.part_seconds().items():
+        for part, (seconds, n) in part_seconds(props).items():
             ctl.observe_draft(part_key(label, part), seconds, n)
         proposals = {r.seq_id: p.truncated(r.k, r.max_depth) for r, p in zip(reqs, props)}
         predicted = ctl.keep(slots, proposals, plan)

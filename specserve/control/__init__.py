@@ -11,6 +11,7 @@ Modules, and what each owns:
 * ``choice``: the **rate** rule and ``choose`` (the nodes a step keeps), probes.
 * ``controller``: ``Controller``, the one object the engine asks each step (budgets, kept nodes,
   probes, threads), from the drafters' declared ``Traits`` and plain numbers.
+* ``parts``: ``PartPricing``, a merging drafter's parts each priced as a drafter (``part_key``).
 * ``threads``: ``ThreadGovernor`` (compute threads from measured pass times).
 * ``prefill``: ``PrefillPolicy`` and the prefill planner (how many prompt tokens each pass takes).
 """
@@ -21,9 +22,10 @@ from specserve.control.choice import Candidate, ProbeState, choose, rate
 from specserve.control.controller import AUTO, Controller, Slot, StepPlan, Traits
 from specserve.control.cost import LONG_RUN, CostModel
 from specserve.control.measure import calibrate, cost_model
+from specserve.control.parts import PartPricing, part_key
 from specserve.control.prefill import PrefillPolicy, PromptState, plan_chunks, prefill_shares
 from specserve.control.threads import ThreadGovernor
 
-__all__ = ["AUTO", "AcceptanceModel", "Candidate", "Controller", "CostModel", "LONG_RUN", "PrefillPolicy",
+__all__ = ["AUTO", "AcceptanceModel", "Candidate", "Controller", "CostModel", "LONG_RUN", "PartPricing", "PrefillPolicy",
            "ProbeState", "PromptState", "Slot", "StepPlan", "ThreadGovernor", "Traits", "calibrate", "choose",
-           "cost_model", "decayed", "plan_chunks", "prefill_shares", "rate"]
+           "cost_model", "decayed", "part_key", "plan_chunks", "prefill_shares", "rate"]

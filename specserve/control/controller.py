@@ -20,12 +20,8 @@ step's pass (alone: a one-token pass; under load: the batch's pass over its sequ
 for about twice what was kept of its last draft (two nodes for a new sequence's first, unless its
 drafter's recent probes failed), and for nothing while its drafts are not kept, except to probe.
 
-A **merging** drafter (``auto``: its ``Traits.parts``) is seen part by part, each part under its own
-key ``drafter/part`` (``part_key``): its own node budget (the rule above), confidences calibrated per
-part and per sequence, drafting seconds and probes.  A merged node is worth its best part's gain.  A
-costly part keeps running for a sequence only while the tokens it adds to the kept nodes (their
-gain over what the other parts give them) are worth more than its drafting seconds at the step's
-rate; otherwise it drafts only to probe.
+A **merging** drafter (``auto``: its ``Traits.parts``) is seen part by part, each part priced as a
+drafter of its own (``specserve.control.parts``, where every part rule is).
 
 What a new sequence inherits is bounded: its probe gap starts at its drafter's latest, at most
 ``INHERITED_GAP``, and its calibration prior is floored (``AcceptanceModel``), so one kind of
@@ -40,6 +36,7 @@ from specserve.averages import decayed
 from specserve.control.acceptance import AcceptanceModel
 from specserve.control.choice import Candidate, ProbeState, choose, rate
 from specserve.control.cost import CostModel
+from specserve.control.parts import PartPricing
 from specserve.control.threads import ThreadGovernor
 
 AUTO = "auto"           # a request's draft size when the controller chooses it each step
@@ -49,11 +46,6 @@ FORCED_PRIOR = 0.9      # a drafter label's forced-node acceptance (parent accep
 FORCED_WEIGHT = 0.05    # of one verified forced node in that decayed rate
 INHERITED_GAP = 16      # the longest probe gap a new sequence starts with
 PROBE_SHARE = 0.02      # a probe waits until its drafting costs at most this share of the steps since the last
-
-
-def part_key(drafter: str, part: str) -> str:
-    """The key a merging drafter's part is known by (traits, seconds, acceptance, probes)."""
-    return f"{drafter}/{part}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +105,7 @@ class Controller:
                                                    # its nodes, or 0 when what it added did not pay)
         self.governor = ThreadGovernor(thread_choices) if len(thread_choices) > 1 else None
         self._share: float | None = None           # this step's pass seconds per sequence (``_unit``)
+        self.parts = PartPricing(self)             # a merging drafter's parts, each priced as a drafter
 
     # ------------------------------------------------------------------ 1. plan
     def plan(self, slots: list[Slot]) -> StepPlan:
@@ -120,20 +113,10 @@ class Controller:
         self._share = (self.cost.predict([1] * len(slots), [s.context for s in slots]) / len(slots)) if slots else None
         plan = StepPlan({}, {s.seq_id for s in slots if s.auto and self._due(s, s.drafter)})
         for s in slots:
-            parts = self.traits[s.drafter].parts if s.auto else ()
             if not s.depth:
                 plan.budgets[s.seq_id] = 0
-            elif parts:
-                per = {}
-                for part in parts:
-                    key = part_key(s.drafter, part)
-                    idle = self._costly(key, s) and self._kept(s, key) == 0
-                    due = idle and self._due(s, key)
-                    per[part] = self._budget(s, key, slots, due)
-                    if due and per[part]:
-                        plan.part_probes.add((s.seq_id, part))
-                plan.parts[s.seq_id] = per
-                plan.budgets[s.seq_id] = min(self.max_draft, sum(per.values()))
+            elif self.parts.parts(s):
+                plan.budgets[s.seq_id] = self.parts.budgets(s, slots, plan)
             else:
                 plan.budgets[s.seq_id] = self._budget(s, s.drafter, slots, s.seq_id in plan.probed)
         return plan
@@ -222,23 +205,14 @@ class Controller:
         cands, merged = [], {}
         for s in slots:
             prop = proposals[s.seq_id]
-            if s.auto and self._merged(s, prop):
-                merged[s.seq_id] = by_part = self._part_gains(s, prop)
-                gains = [max((g[n] for g in by_part.values()), default=0.0) for n in range(len(prop))]
-                probed = [p for p in by_part if (s.seq_id, p) in plan.part_probes]
-                probe_node = next((n for n, (o, q) in enumerate(zip(prop.origins or [], prop.parent_list()))
-                                   if q < 0 and any(p in o for p in probed)), None)
-                cheap = sum(self.draft_s.get(part_key(s.drafter, p), 0.0)
-                            for p, k in plan.parts.get(s.seq_id, {}).items()
-                            if k and not self._costly(part_key(s.drafter, p), s))
-                cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
-                                       prop.parent_list(), probe=s.seq_id in plan.probed or probe_node is not None,
-                                       probe_node=probe_node or 0, draft_s=cheap, own=prop.own))
+            if self.parts.merged(s, prop):
+                merged[s.seq_id] = by_part = self.parts.gains(s, prop)
+                cands.append(self.parts.candidate(s, prop, by_part, plan))
                 continue
             gains = self.acceptance.node_gains(s.drafter, s.seq_id, prop.depths(), prop.trim_confidence())
             if prop.future_gain is not None:                  # worth in later steps (never calibrated)
                 gains = [g + f for g, f in zip(gains, prop.future_gain)]
-            cands.append(Candidate(s.seq_id, s.context, forced_gains(prop, gains, self.forced_rate(s.drafter)),
+            cands.append(Candidate(s.seq_id, s.context, self.gains_with_forced(s, prop, gains),
                                    prop.parent_list(), fixed=not s.auto, probe=s.seq_id in plan.probed,
                                    draft_s=self.draft_s.get(s.drafter, 0.0), own=prop.own))
         keep, predicted = choose(cands, self.cost)
@@ -251,38 +225,13 @@ class Controller:
             if own:
                 self.kept[(s.seq_id, s.drafter)] = sum(1 for n in keep[s.seq_id] if n < own)
             if s.seq_id in merged:
-                self._part_kept(s, merged[s.seq_id], keep[s.seq_id], plan, step_rate)
+                self.parts.kept(s, merged[s.seq_id], keep[s.seq_id], plan, step_rate)
             proposals[s.seq_id] = proposals[s.seq_id].subset(keep[s.seq_id])
         return predicted
 
-    def _merged(self, s: Slot, prop) -> bool:
-        """A merging drafter's proposal whose nodes may be priced part by part (drawn nodes: by depth)."""
-        if not self.traits[s.drafter].parts:
-            return False
-        return not len(prop) or (prop.origins is not None and prop.trim_confidence() is not None)
-
-    def _part_gains(self, s: Slot, prop) -> dict[str, list[float]]:
-        """Per part, each node's gain from that part's calibrated confidence (0 where it did not propose it)."""
-        out = {}
-        for part in self.traits[s.drafter].parts:
-            cal = self.acceptance.calibration(part_key(s.drafter, part), s.seq_id)
-            out[part] = [min(max(o[part] * cal, 0.0), 1.0) if part in o else 0.0 for o in prop.origins or []]
-        return out
-
-    def _part_kept(self, s: Slot, gains: dict[str, list[float]], kept: list[int], plan: StepPlan,
-                   step_rate: float) -> None:
-        """What each part keeps of this draft, for its next budget: its kept nodes, or for a costly part
-        0 when the tokens it adds over the other parts are worth less than its drafting seconds."""
-        for part, mine in gains.items():
-            key = part_key(s.drafter, part)
-            if not plan.parts.get(s.seq_id, {}).get(part):
-                continue
-            nodes = sum(1 for n in kept if mine[n] > 0)
-            if self._costly(key, s):
-                others = [max((g[n] for p, g in gains.items() if p != part), default=0.0) for n in range(len(mine))]
-                added = sum(max(0.0, mine[n] - others[n]) for n in kept)
-                nodes = nodes if added > self.draft_s.get(key, 0.0) * step_rate else 0
-            self.kept[(s.seq_id, key)] = nodes
+    def gains_with_forced(self, s: Slot, prop, gains: list[float]) -> list[float]:
+        """``gains`` with the grammar's forced nodes priced (``forced_gains``) at ``s``'s drafter's rate."""
+        return forced_gains(prop, gains, self.forced_rate(s.drafter))
 
     # ------------------------------------------------------------------ 4. the pass
     def threads(self) -> int:
@@ -303,8 +252,8 @@ class Controller:
         self._learn_forced(s.drafter, prop, path)
         prop, path = prop.drafted(path)
         conf = prop.trim_confidence()
-        if s.auto and self._merged(s, prop):
-            self._learn_parts(s, prop, path, plan)
+        if self.parts.merged(s, prop):
+            self.parts.learn(s, prop, path, plan)
         elif len(prop):
             self.acceptance.observe(s.drafter, s.seq_id, prop.depth, len(path), None if conf is None else sum(conf))
         if s.auto:
@@ -324,25 +273,6 @@ class Controller:
         for n in range(prop.own, len(prop)):
             if parents[n] < 0 or parents[n] in on:
                 self.forced[drafter] = decayed(self.forced_rate(drafter), float(n in on), FORCED_WEIGHT)
-
-    def _learn_parts(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:
-        """Each part's calibration: its confidences over the verified nodes it proposed, against its
-        nodes on the accepted path; and its probe state."""
-        for part in self.traits[s.drafter].parts:
-            key = part_key(s.drafter, part)
-            nodes = [n for n, o in enumerate(prop.origins or []) if part in o]
-            won = sum(1 for n in path if part in prop.origins[n])
-            if nodes:
-                self.acceptance.observe(key, s.seq_id, 0, won, sum(prop.origins[n][part] for n in nodes))
-            paid = self.kept.get((s.seq_id, key), 0) if nodes else 0
-            probed = (s.seq_id, part) in plan.part_probes
-            state = self.probe(s, key)
-            if probed:                          # a probe was made (idle ends); it succeeded if it paid
-                state.update(max(len(nodes), 1), paid, True)
-            else:
-                state.update(paid, paid, False)
-            if probed:
-                self.drafter_gap[key] = state.gap
 
     def forget(self, seq_id: int) -> None:
         self.acceptance.forget(seq_id)

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, MergingDrafter, option
 from specserve.drafters.registry import create, drafter_class, register, resolve_options
 from specserve.errors import SpecserveError
 from specserve.limits import MAX_DRAFT, NO_LIMIT
@@ -62,8 +62,7 @@ def parse_parts(text: str) -> list[tuple[str, dict[str, Any]]]:
     for item in items:
         name, *pairs = item.split("/")
         cls = drafter_class(name)
-        merging = cls.parts is not Drafter.parts               # a merging drafter is no part
-        if merging or cls.synthetic or not cls.confidence or not cls.max_auto_draft:
+        if issubclass(cls, MergingDrafter) or cls.synthetic or not cls.confidence or not cls.max_auto_draft:
             raise SpecserveError(f"auto cannot merge {name!r}: a part must be a real drafter whose nodes carry "
                                  "confidences (ngram, ngram-tree, suffix, lookahead, eagle, medusa)")
         opts = {}
@@ -94,7 +93,7 @@ class AutoOptions:
 
 
 @register("auto")
-class AutoDrafter(Drafter):
+class AutoDrafter(MergingDrafter):
     tree = True
     confidence = True
     preload = False
@@ -115,14 +114,10 @@ class AutoDrafter(Drafter):
         self.feature_layers = tuple(sorted({x for p in self._parts.values() for x in p.feature_layers}))
         self.wants_predictions = any(p.wants_predictions for p in self._parts.values())
         self.last: dict[int, dict[str, tuple[DraftProposal, list[tuple[int, ...]]]]] = {}
-        self.seconds: dict[str, tuple[float, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle, forwarded
     def parts(self) -> dict[str, Drafter]:
         return dict(self._parts)
-
-    def part_seconds(self) -> dict[str, tuple[float, int]]:
-        return dict(self.seconds)
 
     def bind(self, max_batch: int, max_len: int) -> None:
         for p in self._parts.values():
@@ -150,7 +145,7 @@ class AutoDrafter(Drafter):
     # ------------------------------------------------------------------ proposals
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         by_part: dict[str, list[DraftProposal | None]] = {}
-        self.seconds = {}
+        shares: list[dict[str, float]] = [{} for _ in requests]   # each part's seconds, per request asked
         for name, part in self._parts.items():
             asks = [(i, DraftRequest(r.seq_id, r.tokens, k, r.sampling, r.max_depth))
                     for i, r in enumerate(requests) if (k := _budget(r, name)) > 0 and r.max_depth > 0]
@@ -158,15 +153,16 @@ class AutoDrafter(Drafter):
             if asks:
                 t0 = time.perf_counter()
                 props = part.propose([a for _, a in asks])
-                self.seconds[name] = (time.perf_counter() - t0, len(asks))
+                share = (time.perf_counter() - t0) / len(asks)
                 for (i, a), prop in zip(asks, props):
                     got[i] = prop.truncated(a.k, a.max_depth)
+                    shares[i][name] = share
             by_part[name] = got
         out = []
         for i, r in enumerate(requests):
             mine = {name: got[i] for name, got in by_part.items() if got[i] is not None and len(got[i])}
             self.last[r.seq_id] = {name: (p, p.paths()) for name, p in mine.items()}
-            out.append(merge(mine, r.k))
+            out.append(replace(merge(mine, r.k), part_seconds=shares[i]))
         return out
 
     # ------------------------------------------------------------------ feedback, per part
@@ -176,8 +172,6 @@ class AutoDrafter(Drafter):
         row = {path: i for i, path in enumerate(paths)}               # a verified path -> its node
         won = {paths[i] for i in fb.accepted}
         for name, part in self._parts.items():
-            if type(part).feedback is Drafter.feedback:               # a part that learns nothing from it
-                continue
             if name not in drafted:
                 part.feedback(Feedback(fb.seq_id, DraftProposal([]), [], fb.emitted, fb.features,
                                        None if fb.predicted is None else fb.predicted[:1]))

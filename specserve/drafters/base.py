@@ -90,7 +90,7 @@ class DraftRequest:
     k: int                     # node budget: propose at most this many nodes
     sampling: SamplingParams
     max_depth: int = NO_LIMIT  # no node deeper than this (the engine: tokens left to generate - 1)
-    parts: dict[str, int] | None = None   # a merging drafter (``parts()``): each part's node budget,
+    parts: dict[str, int] | None = None   # a merging drafter (``MergingDrafter``): each part's node budget,
                                           # chosen by the controller; None: every part gets ``k``
 
 
@@ -105,9 +105,12 @@ class DraftProposal:
                                              # pool); the controller adds it to the node's gain, never to the
                                              # confidence it calibrates against what was accepted
     origins: list[dict[str, float]] | None = None
-    # ^ a merging drafter's proposal (``Drafter.parts``): per node, the parts that proposed it, each
+    # ^ a merging drafter's proposal (``MergingDrafter``): per node, the parts that proposed it, each
     #   with its own confidence for the node (uncalibrated); the controller calibrates each part's
     #   confidences separately and prices a node by its best part
+    part_seconds: dict[str, float] | None = None
+    # ^ a merging drafter's proposal: per part asked for this request, its share of that part's
+    #   ``propose`` call (the call's seconds over the requests it drafted for); see ``part_seconds``
     forced: int = 0
     # ^ the last ``forced`` nodes are not the drafter's: the engine added them where a grammar forces
     #   the text (``specserve.constrain.tree``); the drafter's own nodes are the first ones
@@ -273,19 +276,36 @@ class Drafter(ABC):
         """What a report should say about this drafter beyond its spec (a learned head: where it came from)."""
         return {}
 
-    def parts(self) -> dict[str, "Drafter"]:
-        """A merging drafter's parts by name (``auto``): the controller gives each its own node budget
-        (``DraftRequest.parts``), calibration, cost and probes.  Others: none."""
-        return {}
-
-    def part_seconds(self) -> dict[str, tuple[float, int]]:
-        """A merging drafter: each part's seconds in the last ``propose`` and the requests it drafted for."""
-        return {}
-
     def reset_memory(self) -> bool:
         """Forget what was learnt across requests (a corpus of earlier texts, drafter-wide rates), as a
         fresh server would start; True when there was such memory.  Per-sequence state is untouched."""
         return False
+
+
+class MergingDrafter(Drafter):
+    """A drafter that merges other drafters' proposals (``auto``): the controller gives each of its
+    parts its own node budget (``DraftRequest.parts``), calibration, cost and probes, and its
+    proposals carry ``origins`` and ``part_seconds``."""
+
+    @abstractmethod
+    def parts(self) -> dict[str, Drafter]:
+        """The parts by name."""
+
+
+def parts_of(drafter: Drafter) -> dict[str, Drafter]:
+    """A merging drafter's parts by name; none for any other drafter."""
+    return drafter.parts() if isinstance(drafter, MergingDrafter) else {}
+
+
+def part_seconds(proposals: list) -> dict[str, tuple[float, int]]:
+    """Per part, over a merging drafter's proposals of one call: its seconds and the requests it
+    drafted for (a proposal that is not a ``DraftProposal``, a fault, counts for nothing)."""
+    out: dict[str, tuple[float, int]] = {}
+    for prop in proposals:
+        for part, seconds in (getattr(prop, "part_seconds", None) or {}).items():
+            total, n = out.get(part, (0.0, 0))
+            out[part] = (total + seconds, n + 1)
+    return out
 
 
 def draw_generator(sampling: SamplingParams, generator: torch.Generator | None) -> torch.Generator | None:

@@ -14,8 +14,8 @@ import time
 
 from specserve.constrain.spelling import Spelling
 from specserve.control import Controller, Slot, StepPlan, Traits
-from specserve.control.controller import part_key
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback
+from specserve.control.parts import part_key
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, part_seconds, parts_of
 from specserve.engine.faults import PLAIN, Faults, quietly_end
 from specserve.engine.types import Request, Sequence, StepTimes
 
@@ -67,7 +67,7 @@ class Drafting:
             times.draft_s += took
             label = pairs[0][0].request.drafter
             self.controller.observe_draft(label, took, sum(1 for _, r in pairs if r.k > 0))
-            for part, (seconds, n) in pairs[0][0].drafter.part_seconds().items():    # a merging drafter's parts
+            for part, (seconds, n) in part_seconds(props).items():          # a merging drafter's parts
                 self.controller.observe_draft(part_key(label, part), seconds, n)
             for (s, r), prop in zip(pairs, props):
                 try:
@@ -113,7 +113,7 @@ def traits_of(drafters: dict[str, Drafter]) -> dict[str, Traits]:
     """What the controller knows of each drafter (and of a merging drafter's parts, under ``part_key``)."""
     traits = {}
     for name, d in drafters.items():
-        parts = d.parts()
+        parts = parts_of(d)
         traits[name] = Traits(d.max_auto_draft, d.confidence, tuple(parts))
         traits |= {part_key(name, p): Traits(x.max_auto_draft, x.confidence) for p, x in parts.items()}
     return traits

@@ -1,9 +1,10 @@
 """Operations on a pass's logits rows, on the native kernels where they run, else on torch.
 
 ``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row) and
-``mask`` sets every token a grammar bitmask forbids to -inf, in place.  The native kernels
-(``logit_ops.cpp``) are several times faster than torch's argmax and xgrammar's mask kernel on a
-row of the default model's logits (BENCHMARKS.md, section 18).  Both give the same bits as the
+``mask`` sets every token a bitmask forbids to -inf, in place (a grammar's mask, from
+``specserve.constrain``, which alone knows the grammar library: this layer sees only bits).  The
+native kernels (``logit_ops.cpp``) are faster than torch's on a row of the default model's logits
+(BENCHMARKS.md, section 18).  Both give the same bits as the
 fallbacks: the argmax is torch's choice among equal maxima (the first) and of NaN (the first),
 and the mask writes -inf and nothing else.
 """
@@ -41,10 +42,6 @@ def mask(logits: Tensor, bitmask: Tensor) -> None:
     if _native_rows(logits) and bitmask.device.type == "cpu":
         from specserve.models.native import mask_rows
         mask_rows(logits, bitmask.contiguous())
-        return
-    if logits.device.type == "cpu":
-        import xgrammar as xgr
-        xgr.apply_token_bitmask_inplace(logits, bitmask)
         return
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     ok = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :logits.shape[-1]].bool()
