@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from specserve.constrain import Grammar, GrammarCompiler, GrammarSpec
-from specserve.drafters import DrafterSpec, available, drafter_class
+from specserve.drafters import Drafter, DrafterSpec, available, drafter_class
 from specserve.engine import Engine, Request, Result
 from specserve.engine.types import TokenLogprob
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
-from specserve.control import PrefillPolicy
+from specserve.control import CostModel, PrefillPolicy
 from specserve.sampling import SamplingParams
 from specserve.tokenizer import Tokenizer, load_tokenizer
 
@@ -129,10 +129,18 @@ class LLM:
                                                               self.tokenizer.eos_ids)
         return self._grammars.compile(spec)
 
-    def engine_with(self, max_batch: int, drafters: Iterable[str] | None = None) -> Engine:
-        """A new engine of ``max_batch`` rows over the same target and the same loaded drafter objects
-        (``drafters``: the labels it serves, default all), with this LLM's context length and prefill
-        policy.  A drafter object serves one engine at a time: building an engine re-binds its drafters
+    def drafter(self, label: str) -> Drafter:
+        """The loaded drafter object of ``label``."""
+        if label not in self._drafters:
+            raise SpecserveError(f"drafter {label!r} is not loaded; loaded: {', '.join(self._drafters)}", "drafter")
+        return self._drafters[label]
+
+    def engine_with(self, max_batch: int, drafters: Iterable[str] | None = None, target: LoadedModel | None = None,
+                    cost: CostModel | None = None) -> Engine:
+        """A new engine of ``max_batch`` rows over the same target (or ``target``, a decoder of the same
+        model, as a replay's) and the same loaded drafter objects (``drafters``: the labels it serves,
+        default all), with this LLM's context length and prefill policy (``cost``: its pass costs,
+        default measured).  A drafter object serves one engine at a time: building an engine re-binds its drafters
         (``Drafter.bind``) to that engine's sizes, and a drafter's per-sequence state belongs to the
         engine running it.  So engines that share a drafter run one after another, never together, and
         an older engine (``self.engine`` included) is not used again with a drafter a newer one holds."""
@@ -141,8 +149,8 @@ class LLM:
         if unknown:
             raise SpecserveError(f"drafter {unknown[0]!r} is not loaded; loaded: {', '.join(self._drafters)}",
                                  "drafter")
-        return Engine(self.target, {label: self._drafters[label] for label in labels}, max_batch=max_batch,
-                      max_len=self._max_len, prefill=self._prefill)
+        return Engine(target or self.target, {label: self.drafter(label) for label in labels}, max_batch=max_batch,
+                      max_len=self._max_len, prefill=self._prefill, cost=cost)
 
     def reset_memory(self) -> list[str]:
         """Every loaded drafter forgets what it learnt across requests, as on a fresh server

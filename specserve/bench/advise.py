@@ -3,14 +3,15 @@
 Terms.  The **sample**: a few of the user's prompts, decoded once plainly (greedy) at each
 concurrency level asked for; that run gives each prompt's **continuation** (what the target says,
 which under greedy decoding every method must say too), and plain decoding's **wall** seconds at
-each level.  A **replay** runs one method over the sample without the target: the method's real
-drafter proposes, a fresh controller with the engine's cost model plans, trims and learns exactly as
-in the engine, and each step accepts the longest drafted path that spells the continuation (what
-the target would accept); its drafter gets the step's feedback, with the target's features of the
-committed positions from one teacher-forced pass over prompt and continuation.  Sequences are
+each level.  A **replay** runs one method over the sample without the target: the engine itself, every phase
+of its step (the controller, the method's real drafter, a grammar, verification, commit,
+feedback), over a ``ReplayTarget`` (``specserve.bench.replay_target``) whose greedy choice is the
+continuation, with the target's features from one teacher-forced pass over prompt and
+continuation, and the engine's cost model frozen as plain decoding left it.  Sequences are
 admitted as rows free (closed loop), as in the engine.  A replay's **predicted seconds**: the cost
-model's seconds for every pass (prompt chunks included), the seconds its drafting, controller and
-feedback take as it runs (the same code as in the engine), and a per-step **overhead** (verification, commit, Python around the pass) calibrated so that plain
+model's seconds for every pass (prompt chunks included), the seconds the rest of every step takes
+as it runs (measured: the same code as in the engine), and a per-step **overhead** (what a real
+pass adds to the step around it: caches emptied by the weights' stream) calibrated so that plain
 decoding's replay takes its measured wall.  The **predicted speed-up** of a method at a level:
 plain's wall over the method's predicted seconds.
 
@@ -19,20 +20,16 @@ Drafters that need the target's prediction at rejected nodes (``lookahead``) can
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
-from specserve.bench.replay import accepted_path
-from specserve.control import Controller, CostModel, Slot
-from specserve.control.parts import part_key
-from specserve.control.prefill import PREFILL_CHUNK
-from specserve.drafters.base import DraftProposal, DraftRequest, Feedback, part_seconds, parts_of
-from specserve.engine.drafting import traits_of
+from specserve.bench.replay_target import FrozenCost, ReplayTarget
+from specserve.control import CostModel
+from specserve.drafters.base import parts_of
 from specserve.errors import SpecserveError
-from specserve.limits import MAX_DRAFT
 from specserve.sampling import SamplingParams
 from specserve.stats import TIMERS
 
@@ -43,8 +40,8 @@ GREEDY = SamplingParams()
 class Replayed:
     """One method's replay at one level."""
     pass_s: float          # the cost model's seconds of every pass (decoding steps and prompt chunks)
-    draft_s: float         # drafting, the controller's decisions and the drafters' feedback, measured
-    steps: int             # decoding steps (passes)
+    outside_s: float       # every step's seconds outside its pass (drafting, controller, verify, commit...), measured
+    steps: int             # decoding steps (passes with a decoding sequence)
     tokens: int            # tokens the decoding steps committed, over all sequences
     seq_steps: int         # decoding steps, counted per sequence
 
@@ -69,72 +66,34 @@ def teacher_features(llm, prompts: list[list[int]], continuations: list[list[int
 
 
 def replay_level(llm, label: str, k, prompts: list[list[int]], continuations: list[list[int]], feats: list[dict],
-                 level: int, max_tokens: int, cost: CostModel | None = None, chunk: int = PREFILL_CHUNK) -> Replayed:
-    """``label``'s replay over the sample at ``level`` rows (the module docstring); ``cost``: the cost
-    model with its correction as plain decoding at this level left it (default: the LLM engine's)."""
-    drafter = llm._drafters[label]
+                 level: int, max_tokens: int, cost: CostModel | None = None) -> Replayed:
+    """``label``'s replay over the sample at ``level`` rows (the module docstring): the engine's own
+    steps over a ``ReplayTarget``; ``cost``: the cost model with its correction as plain decoding at
+    this level left it (default: the LLM engine's), frozen for the replay."""
+    drafter = llm.drafter(label)
     if drafter.wants_predictions or any(p.wants_predictions for p in parts_of(drafter).values()):
         raise SpecserveError(f"{label!r} needs the target's prediction at every node: it cannot be replayed")
-    cost = copy.deepcopy(cost or llm.engine.controller.cost)        # the replay's passes are not observed
-    ctl = Controller(traits_of({label: drafter}), cost, MAX_DRAFT, (1,))
+    frozen = FrozenCost.of(cost or llm.engine.cost)
+    replay = ReplayTarget(llm.target.config, llm.target.model.invariant_tokens,
+                          [p + c for p, c in zip(prompts, continuations)], feats, frozen,
+                          min(llm.tokenizer.eos_ids, default=0))
+    eng = llm.engine_with(level, [label], target=dataclasses.replace(llm.target, model=replay), cost=frozen)
     drafter.reset_memory()
     out = Replayed(0.0, 0.0, 0, 0, 0)
-    waiting = list(range(len(prompts)))
-    live: dict[int, list[int]] = {}                 # seq -> tokens so far (prompt + generated)
-    for i in range(len(prompts)):                   # prompt chunks, priced as the engine runs them
-        out.pass_s += sum(cost.predict([min(chunk, len(prompts[i]) - a)], [a]) for a in range(0, len(prompts[i]), chunk))
-    while waiting or live:
-        while waiting and len(live) < level:
-            i = waiting.pop(0)
-            drafter.begin(i, prompts[i], GREEDY, max_tokens)
-            n = len(prompts[i])
-            drafter.feedback(Feedback(i, DraftProposal([]), [], continuations[i][:1],
-                                      {layer: f[:n] for layer, f in feats[i].items()}))
-            live[i] = prompts[i] + continuations[i][:1]
-        ids = list(live)
-        t_step = time.perf_counter()
-        slots = [Slot(i, label, k, len(live[i]) - 1, max(0, max_tokens - _done(live[i], prompts[i]) - 1)) for i in ids]
-        plan = ctl.plan(slots)
-        reqs = [DraftRequest(i, live[i], plan.budgets[i], GREEDY, s.depth, plan.parts.get(i)) for i, s in zip(ids, slots)]
-        t0 = time.perf_counter()
-        props = drafter.propose(reqs)
-        took = time.perf_counter() - t0
-        ctl.observe_draft(label, took, sum(1 for r in reqs if r.k > 0))
-        for part, (seconds, n) in part_seconds(props).items():
-            ctl.observe_draft(part_key(label, part), seconds, n)
-        proposals = {r.seq_id: p.truncated(r.k, r.max_depth) for r, p in zip(reqs, props)}
-        predicted = ctl.keep(slots, proposals, plan)
-        if predicted is None:
-            predicted = cost.predict([len(proposals[i]) + 1 for i in ids], [s.context for s in slots])
-        out.pass_s += predicted
-        out.steps += 1
-        for i, s in zip(ids, slots):
-            _advance(drafter, ctl, plan, s, proposals[i], live, i, prompts[i], continuations[i], feats[i], out)
-        out.draft_s += time.perf_counter() - t_step              # drafting, the controller, feedback
+    waiting, ids = [llm.request(p, max_tokens, GREEDY, label, k) for p in prompts], []
+    while waiting or eng.num_running:
+        while waiting and eng.has_capacity:
+            ids.append(eng.admit(waiting.pop(0)))
+        eng.step()
+        step = eng.last_step
+        out.outside_s += sum(getattr(step, t) for t in TIMERS if t != "pass_s")    # measured: all but the pass
+        out.steps += 1 if step.sequences else 0
+    for seq_id in ids:
+        stats = eng.take_result(seq_id).stats
+        out.tokens += max(stats.generated_tokens - 1, 0)          # the first token is the prompt pass's
+        out.seq_steps += stats.verify_passes
+    out.pass_s = replay.pass_s
     return out
-
-
-def _done(tokens: list[int], prompt: list[int]) -> int:
-    return len(tokens) - len(prompt)
-
-
-def _advance(drafter, ctl, plan, s: Slot, prop: DraftProposal, live: dict, i: int, prompt: list[int],
-             cont: list[int], feats: dict, out: Replayed) -> None:
-    """One sequence's step: the path the target accepts, its feedback, and its end."""
-    done = _done(live[i], prompt)
-    path = accepted_path(prop, cont[done:])
-    emitted = cont[done:done + len(path) + 1]
-    at = len(live[i]) - 1                                  # the pending token's position
-    rows = {layer: f[at:at + len(emitted)] for layer, f in feats.items()}
-    drafter.feedback(Feedback(i, prop, path, emitted, rows))
-    ctl.learn(s, prop, path, plan)
-    out.tokens += len(emitted)
-    out.seq_steps += 1
-    live[i] = live[i] + emitted
-    if _done(live[i], prompt) >= len(cont):
-        drafter.end(i)
-        ctl.forget(i)
-        del live[i]
 
 
 @dataclass
@@ -165,7 +124,7 @@ def predict(llm, methods: list[tuple[str, object]], prompts: list[list[int]], co
     its wall: its passes take their measured share of it (the cost model's passes scaled to that),
     the rest is spread over its steps as overhead; without a share, the passes are scaled only when
     they alone exceed the wall."""
-    layers = tuple(sorted({x for label, _ in methods for x in llm._drafters[label].feature_layers}))
+    layers = tuple(sorted({x for label, _ in methods for x in llm.drafter(label).feature_layers}))
     feats = teacher_features(llm, prompts, continuations, layers)
     out = []
     for level, wall in sorted(plain_wall.items()):
@@ -178,11 +137,11 @@ def predict(llm, methods: list[tuple[str, object]], prompts: list[list[int]], co
             scale = share * wall / base.pass_s
         else:
             scale = min(1.0, 0.95 * wall / base.pass_s)
-        overhead = (wall - scale * base.pass_s - base.draft_s) / max(base.steps, 1)
+        overhead = (wall - scale * base.pass_s - base.outside_s) / max(base.steps, 1)
         for label, k in methods:
             r = base if label == "none" else replay_level(llm, label, k, prompts, continuations, feats, level,
                                                           max_tokens, cost)
-            seconds = scale * r.pass_s + r.draft_s + overhead * r.steps
+            seconds = scale * r.pass_s + r.outside_s + overhead * r.steps
             out.append(Prediction(label, level, wall / seconds, r.mean_accepted_length, seconds))
     return out
 
@@ -204,7 +163,7 @@ def timed_runs(llm, methods: list[tuple[str, object]], ids: list[list[int]], lev
         llm.reset_memory()
         t0 = time.perf_counter()
         res = eng.generate([llm.request(p, max_tokens, GREEDY, label, k) for p in ids])
-        out[label] = (time.perf_counter() - t0, res, eng.controller.cost)
+        out[label] = (time.perf_counter() - t0, res, eng.cost)
     return out
 
 

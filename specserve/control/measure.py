@@ -122,3 +122,8 @@ def cost_model(model, max_tokens: int, key: str | None) -> CostModel:
         except OSError:
             pass                       # a read-only cache: measure again next time
     return cost
+
+
+def target_cost(target, max_tokens: int) -> CostModel:
+    """``cost_model`` of a loaded target (``LoadedModel``), kept on disk under its ``identity``."""
+    return cost_model(target.model, max_tokens, identity(target.path, target.options, target.model))

@@ -11,8 +11,8 @@ node budget, sampling settings and generators.  Prompts enter in chunks: ``admit
 cache row (and copies any cached prefix into it); each step's pass then carries, besides the
 decoding sequences' tokens, the next chunk of every prompt the prefill planner allows.  While its
 prompt is being prefilled a sequence is in state PREFILL and drafts nothing; the pass that ends
-its prompt gives its first token and it turns to DECODE.  The cost model is measured once, at
-construction (``control.measure.cost_model``: from disk when this model, runtime and CPU were
+its prompt gives its first token and it turns to DECODE.  The cost model is given, or measured once
+at construction (``control.measure.target_cost``: from disk when this model, runtime and CPU were
 measured before), never inside a step; greedy rows' argmax is the native kernel's (``rowops``).
 """
 
@@ -24,8 +24,8 @@ import time
 import torch
 from torch import Tensor
 
-from specserve.control import AUTO, Controller, PrefillPolicy, PromptState, Slot, StepPlan, cost_model, plan_chunks
-from specserve.control.measure import identity
+from specserve.control import AUTO, Controller, CostModel, PrefillPolicy, PromptState, Slot, StepPlan, plan_chunks
+from specserve.control.measure import target_cost
 from specserve.drafters.base import DraftProposal, Drafter, Feedback
 from specserve.engine.checks import check_request
 from specserve.engine.constrained import attach, commit, constrain, first_token, score_prompt, shape_logits
@@ -47,7 +47,7 @@ from specserve.verify import Outcome, Row, verify_rows
 
 class Engine:
     def __init__(self, target: LoadedModel, drafters: dict[str, Drafter], max_batch: int = 16,
-                 max_len: int | None = None, prefill: PrefillPolicy | None = None):
+                 max_len: int | None = None, prefill: PrefillPolicy | None = None, cost: CostModel | None = None):
         if max_batch < 1:
             raise SpecserveError(f"max_batch must be >= 1, got {max_batch}")
         limit = target.config.max_position_embeddings
@@ -67,7 +67,7 @@ class Engine:
         chunk = self.policy.chunk
         self.prompt_tokens_max = min(chunk, self.model.invariant_tokens or chunk) if chunk is not None else self.max_len
         top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
-        cost = cost_model(self.model, min(max_batch * (top + 1), 128), identity(target.path, target.options, self.model))
+        cost = cost or target_cost(target, min(max_batch * (top + 1), 128))   # measured once per model, on disk
         self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices())
         self._threads_set = 0
         self.drafting = Drafting(self.controller, target.config.vocab_size)    # every call to a drafter
@@ -75,6 +75,10 @@ class Engine:
         self._finished: dict[int, Result] = {}
         self._ids = itertools.count()
         self.last_step: StepReport | None = None
+
+    @property
+    def cost(self) -> CostModel:   # the pass cost model, as this engine's passes have corrected it
+        return self.controller.cost
 
     def make_resident(self) -> int:
         """Write every page of the preallocated KV rows and prefix pool now (the native runtime leaves
@@ -388,10 +392,9 @@ class Engine:
         """Run requests to completion, batching up to max_batch at a time; results in order."""
         for r in requests:
             self.check(r)
-        waiting, ids = list(enumerate(requests)), {}
+        waiting, ids = list(requests), []
         while waiting or self._running:
             while waiting and self.has_capacity:
-                i, r = waiting.pop(0)
-                ids[i] = self.admit(r)
+                ids.append(self.admit(waiting.pop(0)))
             self.step()
-        return [self._finished.pop(ids[i]) for i in range(len(requests))]
+        return [self._finished.pop(i) for i in ids]
