@@ -25,7 +25,7 @@ from torch import Tensor
 
 from specserve.control.cost import CostModel
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import ForwardOutput, Layout, PartTimer, logit_rows
+from specserve.models.decoder import ForwardOutput, Layout, OnCpu, PartTimer, logit_rows
 from specserve.models.kv_cache import KVCache
 
 
@@ -41,7 +41,7 @@ class FrozenCost(CostModel):
         return None
 
 
-class ReplayTarget:
+class ReplayTarget(OnCpu):
     """The recorded texts as a decoder (the module docstring); ``texts`` [n] token lists (prompt +
     continuation), ``features`` per text: layer -> [len(text), hidden], ``end``: the end-of-text id."""
 
@@ -55,14 +55,6 @@ class ReplayTarget:
         self.features = features
         self.pass_s = 0.0                             # the cost model's seconds of every pass so far
         self._text_of: dict[int, int] = {}            # cache row -> the text it held last
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
 
     def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
         """One layer, one head of width one: position p of a row holds the token written there."""

@@ -79,6 +79,19 @@ class PartTimer:
         return timed
 
 
+class OnCpu:
+    """A runtime whose passes run on the CPU over float32 activations and caches (``Decoder``'s
+    ``dtype`` and ``device``): the native runtime, and a replay's stand-in target."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+
 @runtime_checkable
 class Decoder(Protocol):
     """What the engine, the drafters and the benchmark may rely on, whatever the runtime."""

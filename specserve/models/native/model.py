@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from specserve.limits import NO_LIMIT
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import PARTS, ForwardOutput, Layout, PartTimer, logit_rows
+from specserve.models.decoder import PARTS, ForwardOutput, Layout, OnCpu, PartTimer, logit_rows
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
@@ -127,7 +127,7 @@ class _Layer:
                 setattr(self, name, PackedWeight.pack(w))
 
 
-class NativeTransformer(nn.Module):
+class NativeTransformer(OnCpu, nn.Module):
     """A Llama-family decoder on the native kernels.  ``sd`` uses Hugging Face parameter names;
     values are float tensors or ``NativeWeight`` blocks (from a GGUF file)."""
 
@@ -200,14 +200,6 @@ class NativeTransformer(nn.Module):
     def release_threads(self) -> bool:
         """End the calling thread's pool of compute threads (see the protocol); True if it was ended."""
         return self.lib.ss_release_threads() == 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
 
     def weight_rows(self, which: str, ids: Tensor) -> Tensor:
         w = {"embed": self.embed, "lm_head": self.lm_head}[which]
