@@ -27,6 +27,20 @@ def parent_list(parents: Sequence[int] | None, n: int) -> list[int]:
     return list(parents) if parents is not None else chain_parents(n)
 
 
+class Nodes:
+    """The shape of a drafted tree of ``tokens`` and ``parents`` (None: a chain), for the dataclasses
+    that carry one (``Row``, the drafters' ``DraftProposal``)."""
+    tokens: list[int]
+    parents: list[int] | None
+
+    @property
+    def is_chain(self) -> bool:
+        return is_chain(self.parents)
+
+    def parent_list(self) -> list[int]:
+        return parent_list(self.parents, len(self.tokens))
+
+
 def children_of(parents: Sequence[int]) -> list[list[int]]:
     """kids[p + 1]: the children of node p (kids[0]: of the pending token), in order."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]

@@ -257,7 +257,7 @@ def test_lookahead_budget_takes_own_text_then_pool_then_window():
 
 def test_lookahead_option_errors():
     for bad in ({"window": 0}, {"ngram": 1}, {"guesses": 0}, {"own_nodes": -1}, {"window_prior": -1.0}):
-        with pytest.raises(SpecserveError, match="lookahead needs"):
+        with pytest.raises(SpecserveError, match=f"lookahead option {next(iter(bad))} must be >= "):
             create("lookahead", None, **bad)
 
 

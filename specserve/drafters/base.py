@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from specserve import trees
+from specserve.errors import SpecserveError
 from specserve.limits import NO_LIMIT
 from specserve.sampling import SamplingParams
 
@@ -71,6 +72,36 @@ def option(default: Any = REQUIRED, help: str = "", check: Callable[[Any], Any] 
     return field(metadata={"help": help, "check": check}, **extra)
 
 
+def at_least(low: float, drafter: str, name: str) -> Callable[[Any], Any]:
+    """The check of a number option of ``drafter`` that must be >= low."""
+    def check(v):
+        if v < low:
+            raise SpecserveError(f"{drafter} option {name} must be >= {low}, got {v}")
+        return v
+    return check
+
+
+def positive(drafter: str, name: str) -> Callable[[Any], Any]:
+    return at_least(1, drafter, name)
+
+
+def non_negative(drafter: str, name: str) -> Callable[[Any], Any]:
+    return at_least(0, drafter, name)
+
+
+@dataclass(frozen=True)
+class CheckedOptions:
+    """The base of an ``Options`` dataclass whose options are checked one by one: built directly, it
+    runs every option's check as the registry does, in field order (but those named in ``unchecked``)."""
+    unchecked: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check = f.metadata.get("check")
+            if check is not None and f.name not in self.unchecked:
+                check(getattr(self, f.name))
+
+
 def declared(options_type: type) -> tuple[Option, ...]:
     """The ``Option`` declarations of an ``Options`` dataclass, in field order."""
     hints = get_type_hints(options_type)
@@ -95,7 +126,7 @@ class DraftRequest:
 
 
 @dataclass
-class DraftProposal:
+class DraftProposal(trees.Nodes):
     tokens: list[int]                        # N node tokens, topological order
     probs: Tensor | None = None              # [N, V] q per node (see the module docstring); None: one-hot
     parents: list[int] | None = None         # N parent indices (-1: child of the pending token); None: a chain
@@ -117,13 +148,6 @@ class DraftProposal:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    @property
-    def is_chain(self) -> bool:
-        return trees.is_chain(self.parents)
-
-    def parent_list(self) -> list[int]:
-        return trees.parent_list(self.parents, len(self.tokens))
 
     @property
     def own(self) -> int:

@@ -50,9 +50,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
-from specserve.drafters.heads.runtime import (describe_head, head_option, head_path, non_negative, open_head,
-                                              positive, RopeTable)
+from specserve.drafters.base import (DraftProposal, DraftRequest, Feedback, draw_generator, non_negative, option,
+                                     positive)
+from specserve.drafters.heads.runtime import HeadDrafter, HeadOptions, head_option, RopeTable, sample_width_option
 from specserve.drafters.heads.tree import SampledTree, Tree
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams
@@ -90,56 +90,39 @@ _Part = tuple[_Seq, int, int, "Tensor | None"]   # (state, first slot, rows, mas
 
 
 @dataclass(frozen=True)
-class EagleOptions:
+class EagleOptions(HeadOptions):
     head: str = head_option("eagle")
     topk: int = option(8, "children per expanded node, and nodes expanded per depth", check=positive("eagle", "topk"))
     depth: int = option(6, "deepest drafted token", check=positive("eagle", "depth"))
     window: int = option(8, "real entries a draft catches up on after positions committed without one: "
                          "the newest this many (0: every position); bounds what a draft costs after a "
                          "stretch of steps that drafted nothing", check=non_negative("eagle", "window"))
-    sample_width: int = option(2, "under sampling: children drawn without replacement per expanded node, and "
-                               "nodes expanded per depth (1: a chain)", check=positive("eagle", "sample_width"))
-
-    def __post_init__(self) -> None:
-        positive("eagle", "topk")(self.topk)
-        positive("eagle", "depth")(self.depth)
-        positive("eagle", "sample_width")(self.sample_width)
-        non_negative("eagle", "window")(self.window)
+    sample_width: int = sample_width_option("eagle")
 
 
 @register("eagle")
-class EagleDrafter(Drafter):
-    tree = True
-    confidence = True
+class EagleDrafter(HeadDrafter):
     max_auto_draft = 24
     Options = EagleOptions
+    head_kinds = ("eagle", "eagle3")
 
     def __init__(self, target: Any, **options: Any):
-        o = self.opts = self.Options(**options)
+        module = self._open(target, options)
         self.target = target
-        self.cfg, module, self.vocab_ids = open_head("eagle", o.head, target, kinds=("eagle", "eagle3"))
-        self.head_dir = str(head_path("eagle", o.head))
-        self.topk, self.max_tree_depth = o.topk, o.depth
-        self.feature_layers = tuple(self.cfg.feature_layers)
+        self.max_tree_depth = self.opts.depth
         m = target.model
         self.head = module
         self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
                     for name in module.LINEARS}
         self.lin["qkv"] = m.matmul(torch.cat([module.q.weight, module.kv.weight]))  # q, k, v in one product
-        self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
         self.rope = RopeTable(self.cfg.head_dim, self.cfg.rope_theta)
-        self.vocab_list = self.vocab_ids.tolist()
         self.vocab_np = self.vocab_ids.numpy()
-        self.vocab_size = target.config.vocab_size
         self.seqs: dict[int, _Seq] = {}
         self.max_len = 4096
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def bind(self, max_batch: int, max_len: int) -> None:
         self.max_len = max_len
-
-    def describe(self) -> dict:
-        return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
 
     def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
               generator: torch.Generator | None = None) -> None:

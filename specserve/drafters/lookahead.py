@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from specserve.averages import Rate
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
+from specserve.drafters.base import (at_least, CheckedOptions, DraftProposal, DraftRequest, Drafter, Feedback,
+                                     non_negative, option, positive)
 from specserve.drafters.ngram_tree import ngram_tree_propose
 from specserve.drafters.registry import register
-from specserve.errors import SpecserveError
 
 OWN, POOL, WINDOW = 1, 2, 4            # where a node came from (bits: a path can come from several)
 POOL_PRIOR, WINDOW_PRIOR = 0.3, 0.05   # agreement rates of pool and window nodes before any was measured
@@ -84,20 +84,16 @@ class _State:
 
 
 @dataclass(frozen=True)
-class LookaheadOptions:
-    window: int = option(4, "W: window columns (guessed future positions) run per step")
-    ngram: int = option(3, "N: n-gram size (the window keeps N - 1 levels)")
-    guesses: int = option(4, "G: pool n-grams per first token, and verified per step")
-    own_nodes: int = option(8, "nodes from the sequence's own earlier text (ngram-tree); 0: none")
-    window_prior: float = option(0.05, "tokens a window node is worth in later steps, before any was measured")
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.ngram < 2 or self.guesses < 1 or self.own_nodes < 0:
-            raise SpecserveError(f"lookahead needs window >= 1, ngram >= 2, guesses >= 1 and own_nodes >= 0, got "
-                                 f"window={self.window}, ngram={self.ngram}, guesses={self.guesses}, "
-                                 f"own_nodes={self.own_nodes}")
-        if self.window_prior < 0:
-            raise SpecserveError(f"lookahead needs window_prior >= 0, got {self.window_prior}")
+class LookaheadOptions(CheckedOptions):
+    window: int = option(4, "W: window columns (guessed future positions) run per step",
+                         check=positive("lookahead", "window"))
+    ngram: int = option(3, "N: n-gram size (the window keeps N - 1 levels)", check=at_least(2, "lookahead", "ngram"))
+    guesses: int = option(4, "G: pool n-grams per first token, and verified per step",
+                          check=positive("lookahead", "guesses"))
+    own_nodes: int = option(8, "nodes from the sequence's own earlier text (ngram-tree); 0: none",
+                            check=non_negative("lookahead", "own_nodes"))
+    window_prior: float = option(0.05, "tokens a window node is worth in later steps, before any was measured",
+                                 check=non_negative("lookahead", "window_prior"))
 
     @property
     def node_budget(self) -> int:

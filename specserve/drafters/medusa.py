@@ -29,50 +29,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draw_generator, option
-from specserve.drafters.heads.runtime import (depth_first, describe_head, draw_distinct, head_option, head_path,
-                                              open_head, positive)
+from specserve.drafters.base import DraftProposal, DraftRequest, Feedback, draw_generator, option, positive
+from specserve.drafters.heads.runtime import (HeadDrafter, HeadOptions, depth_first, draw_distinct, head_option,
+                                              sample_width_option)
 from specserve.drafters.registry import register
 from specserve.sampling import SamplingParams, processed_probs
 
 
 @dataclass(frozen=True)
-class MedusaOptions:
+class MedusaOptions(HeadOptions):
     head: str = head_option("medusa")
     topk: int = option(4, "candidate tokens per depth", check=positive("medusa", "topk"))
-    sample_width: int = option(2, "under sampling: children drawn without replacement per expanded node, and "
-                               "nodes expanded per depth (1: a chain)", check=positive("medusa", "sample_width"))
-
-    def __post_init__(self) -> None:
-        positive("medusa", "topk")(self.topk)
-        positive("medusa", "sample_width")(self.sample_width)
+    sample_width: int = sample_width_option("medusa")
 
 
 @register("medusa")
-class MedusaDrafter(Drafter):
-    tree = True
-    confidence = True
+class MedusaDrafter(HeadDrafter):
     max_auto_draft = 16
     Options = MedusaOptions
 
     def __init__(self, target: Any, **options: Any):
-        o = self.opts = self.Options(**options)
-        self.cfg, module, vocab_ids = open_head("medusa", o.head, target)
-        self.head_dir = str(head_path("medusa", o.head))
-        self.topk = o.topk
-        self.feature_layers = tuple(self.cfg.feature_layers)
+        module = self._open(target, options)
         m = target.model
         self.n_blocks = len(module.blocks)
         self.stacked = m.matmul(torch.cat([b.weight for b in module.blocks]),       # on the target's kernels,
                                 torch.cat([b.bias for b in module.blocks]))         # all blocks in one product
-        self.lm = m.matmul(m.weight_rows("lm_head", vocab_ids).cpu())         # the reduced LM head [Vr, hidden]
-        self.vocab_ids, self.vocab_list = vocab_ids, vocab_ids.tolist()
-        self.vocab_size = target.config.vocab_size
         self.last: dict[int, Tensor] = {}
         self.gen: dict[int, torch.Generator] = {}
-
-    def describe(self) -> dict:
-        return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
 
     def begin(self, seq_id: int, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
               generator: torch.Generator | None = None) -> None:

@@ -4,11 +4,13 @@ Find the most recent earlier occurrence of the sequence's last n tokens (n from 
 ``min_n``) in the prompt and generated text, and propose the tokens that followed it.  The d-th
 token's confidence: every copy up to it right, each copy as reliable as its match is long (the
 match grows by one with every right copy), on the reliability curve fitted for the trie drafters
-(``specserve.drafters.trie.reliability``).
+(``specserve.drafters.trie.reliability``).  ``LookupDrafter`` is the base of the drafters that look
+their proposals up in the sequence's own text, this one and ``ngram-tree``.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,22 +52,30 @@ class NgramOptions:
             raise SpecserveError(f"ngram needs 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
 
 
-@register("ngram")
-class NgramDrafter(Drafter):
-    max_auto_draft = 8
+class LookupDrafter(Drafter):
+    """A drafter that looks its proposals up in each sequence's own text (``ngram``, ``ngram-tree``):
+    no model and no state but its options, one request at a time (``lookup``)."""
     confidence = True
     preload = True
-    Options = NgramOptions
 
     def __init__(self, target: Any = None, **options: Any):
         self.opts = self.Options(**options)
 
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        out = []
-        for r in requests:
-            tokens, n = ngram_match(np.asarray(r.tokens, dtype=np.int64), self.opts.min_n, self.opts.max_n,
-                                    min(r.k, r.max_depth)) if r.k > 0 else ([], 0)
-            conf = np.cumprod(reliability(np.arange(n, n + len(tokens)), DEFAULT.base, DEFAULT.growth)).tolist() \
-                if tokens else None
-            out.append(DraftProposal(tokens, confidence=conf))
-        return out
+        return [self.lookup(np.asarray(r.tokens, dtype=np.int64), r.k, r.max_depth) for r in requests]
+
+    @abstractmethod
+    def lookup(self, tokens: np.ndarray, k: int, max_depth: int) -> DraftProposal:
+        """At most k nodes, none deeper than ``max_depth``, after ``tokens`` [L] (the whole sequence)."""
+
+
+@register("ngram")
+class NgramDrafter(LookupDrafter):
+    max_auto_draft = 8
+    Options = NgramOptions
+
+    def lookup(self, tokens: np.ndarray, k: int, max_depth: int) -> DraftProposal:
+        found, n = ngram_match(tokens, self.opts.min_n, self.opts.max_n, min(k, max_depth)) if k > 0 else ([], 0)
+        conf = np.cumprod(reliability(np.arange(n, n + len(found)), DEFAULT.base, DEFAULT.growth)).tolist() \
+            if found else None
+        return DraftProposal(found, confidence=conf)

@@ -10,11 +10,10 @@ proposal is deterministic (one-hot q), so it is exact under sampling as well.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter
+from specserve.drafters.base import DraftProposal
+from specserve.drafters.ngram import LookupDrafter
 from specserve.drafters.registry import register
 from specserve.drafters.trie import DEFAULT, TrieOptions, own_matches, trie_proposal
 
@@ -28,16 +27,10 @@ def ngram_tree_propose(tokens: np.ndarray, k: int, depth: int, opts: TrieOptions
 
 
 @register("ngram-tree")
-class NgramTreeDrafter(Drafter):
+class NgramTreeDrafter(LookupDrafter):
     tree = True
     max_auto_draft = 16
-    confidence = True
-    preload = True
     Options = TrieOptions
 
-    def __init__(self, target: Any = None, **options: Any):
-        self.opts = self.Options(**options)
-
-    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        return [ngram_tree_propose(np.asarray(r.tokens, dtype=np.int64), r.k, min(self.opts.max_depth, r.max_depth),
-                                   self.opts) for r in requests]
+    def lookup(self, tokens: np.ndarray, k: int, max_depth: int) -> DraftProposal:
+        return ngram_tree_propose(tokens, k, min(self.opts.max_depth, max_depth), self.opts)

@@ -47,7 +47,7 @@ import numpy as np
 from specserve.averages import Rate
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, option
 from specserve.drafters.registry import register
-from specserve.drafters.trie import TrieOptions, own_matches, trie_proposal
+from specserve.drafters.trie import TrieOptions, own_matches, retuned, trie_proposal
 from specserve.errors import SpecserveError
 
 ANCHOR = 3                  # the key: the three tokens before a position; the shortest corpus match
@@ -153,10 +153,10 @@ def _check_own(value) -> None:
 class SuffixOptions(TrieOptions):
     """The trie drafters' options (some defaults of its own) and the corpus's."""
     drafter: ClassVar[str] = "suffix"
-    max_n: int = option(16, "longest match counted (longer matches are trusted more)")
-    max_matches: int = option(32, "matches merged into the trie")
-    max_depth: int = option(16, "longest path proposed")
-    recency: float = option(0.9, "the j-th most recent match of a length weighs recency ** j")
+    max_n: int = retuned("max_n", 16)
+    max_matches: int = retuned("max_matches", 32)
+    max_depth: int = retuned("max_depth", 16)
+    recency: float = retuned("recency", 0.9)
     size_factor: float = option(2.0, "at most this many nodes per token of the longest match")
     max_tokens: int = option(500_000, "corpus size bound in tokens (oldest texts dropped first)")
     per_key: int = option(256, "most recent corpus positions kept per 3-token key")

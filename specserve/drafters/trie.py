@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import collections
 import heapq
-from dataclasses import dataclass, field
-from typing import ClassVar, Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
@@ -67,6 +67,13 @@ class TrieOptions:
 
 
 DEFAULT = TrieOptions()
+
+
+def retuned(name: str, default: Any) -> Any:
+    """A field of a subclass of ``TrieOptions`` (``suffix``'s): option ``name`` as declared here, its
+    help and check, with another default."""
+    declared = next(f for f in fields(TrieOptions) if f.name == name)
+    return field(default=default, metadata=declared.metadata)
 
 
 def find_matches(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from specserve.errors import SpecserveError
 from specserve.models.loader import LoadedModel
+from specserve.train.regen import prompt_lines
 
 
 @dataclass
@@ -40,18 +41,8 @@ def read_prompts(paths: list[str], limit: int | None, seed: int, skip: int = 0) 
     """Prompts from JSONL files (field ``prompt``, or the first of ``turns``), shuffled by ``seed``."""
     prompts: list[str] = []
     for p in paths:
-        try:
-            lines = Path(p).read_text().split("\n")        # not splitlines: prompts may hold U+2028
-        except OSError as e:
-            raise SpecserveError(f"cannot read training prompts {p}: {e.strerror}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                text = rec["prompt"] if "prompt" in rec else rec["turns"][0]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise SpecserveError(f"{p}:{n}: a line needs a JSON object with 'prompt' (or 'turns')") from None
+        for _, _, text in prompt_lines(p, "training prompts", lambda r: r["prompt"] if "prompt" in r else r["turns"][0],
+                                       "'prompt' (or 'turns')"):
             if isinstance(text, str) and text.strip():
                 prompts.append(text)
     random.Random(seed).shuffle(prompts)

@@ -22,8 +22,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
 
 from specserve.errors import SpecserveError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,23 +38,33 @@ class Record:
     turns: tuple[str, ...]
 
 
+def prompt_lines(path: str, what: str, parse: Callable[[Any], T], needs: str) -> Iterator[tuple[int, Any, T]]:
+    """(line number, JSON value, ``parse`` of it) for every non-blank line of a JSONL file of prompts,
+    its lines split on newlines alone (not splitlines: prompts may hold U+2028).  Refused: a file that
+    cannot be read (``cannot read {what} ...``), a line that is not JSON or that ``parse`` fails on
+    (``... a line needs a JSON object with {needs}``)."""
+    try:
+        lines = Path(path).read_text().split("\n")
+    except OSError as e:
+        raise SpecserveError(f"cannot read {what} {path}: {e.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            value = parse(rec)
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise SpecserveError(f"{path}:{n}: a line needs a JSON object with {needs}") from None
+        yield n, rec, value
+
+
 def read_records(paths: list[str]) -> list[Record]:
     """Records from JSONL files (``prompt``, or ``turns``: a list of user turns), in file order; an
     ``id`` is made from the file and line when a record has none."""
     out: list[Record] = []
     for p in paths:
-        try:
-            lines = Path(p).read_text().split("\n")
-        except OSError as e:
-            raise SpecserveError(f"cannot read prompts {p}: {e.strerror}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                turns = [rec["prompt"]] if "prompt" in rec else list(rec["turns"])
-            except (ValueError, KeyError, TypeError):
-                raise SpecserveError(f"{p}:{n}: a line needs a JSON object with 'prompt' or 'turns'") from None
+        for n, rec, turns in prompt_lines(p, "prompts", lambda r: [r["prompt"]] if "prompt" in r else list(r["turns"]),
+                                          "'prompt' or 'turns'"):
             if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
                 raise SpecserveError(f"{p}:{n}: empty prompt")
             out.append(Record(str(rec.get("id", f"{Path(p).stem}:{n}")), str(rec.get("source", Path(p).stem)),

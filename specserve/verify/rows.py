@@ -26,7 +26,7 @@ from specserve.verify.tree import greedy_tree_verify_argmax, tree_rejection_veri
 
 
 @dataclass
-class Row:
+class Row(trees.Nodes):
     """One decoding sequence's part of a pass."""
     tokens: list[int]                 # N drafted node tokens, topological order
     parents: list[int] | None         # N parent indices (-1: child of the pending token); None: a chain
@@ -34,13 +34,6 @@ class Row:
     offset: int                       # logits row of the pending token; node i is row offset + 1 + i
     sampling: SamplingParams
     generator: torch.Generator | None  # the sequence's own (None: greedy)
-
-    @property
-    def is_chain(self) -> bool:
-        return trees.is_chain(self.parents)
-
-    def parent_list(self) -> list[int]:
-        return trees.parent_list(self.parents, len(self.tokens))
 
 
 @dataclass

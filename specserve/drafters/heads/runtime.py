@@ -3,7 +3,8 @@
 A head is a folder (``head.safetensors`` + ``config.json``, see ``files``).  A head's matrix
 products run on the target runtime's own kernels, through the decoder protocol's ``matmul``
 (heads run on the CPU whatever the target's device).  Also here: the option
-the learned drafters share (``head``), siblings drawn without replacement from a head's q, and the
+the learned drafters share (``head``), the base of their options and of the drafters (``HeadOptions``,
+``HeadDrafter``: opening the head and describing it), siblings drawn without replacement from a head's q, and the
 depth-first emission of a scored tree.  The ``default`` head of a drafter is the one shipped in
 ``specserve/data/heads/<kind>/`` for the default model; a head trained for another target is
 refused with the reason.
@@ -12,13 +13,15 @@ refused with the reason.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from specserve.drafters.base import DraftProposal, option
+from specserve.drafters.base import CheckedOptions, DraftProposal, Drafter, option, positive
 from specserve.drafters.heads.files import check_target, load_head
 from specserve.drafters.heads.modules import HeadConfig
 from specserve.errors import SpecserveError
@@ -67,21 +70,10 @@ def open_head(kind: str, spec: str, target, kinds: tuple[str, ...] | None = None
     return cfg, module, vocab_ids
 
 
-def at_least(low: int, drafter: str, name: str):
-    """The check of an integer option of ``drafter`` that must be >= low."""
-    def check(v: int) -> int:
-        if v < low:
-            raise SpecserveError(f"{drafter} option {name} must be >= {low}, got {v}")
-        return v
-    return check
-
-
-def positive(drafter: str, name: str):
-    return at_least(1, drafter, name)
-
-
-def non_negative(drafter: str, name: str):
-    return at_least(0, drafter, name)
+def sample_width_option(drafter: str):
+    """The ``sample_width`` option the learned drafters share."""
+    return option(2, "under sampling: children drawn without replacement per expanded node, and nodes "
+                  "expanded per depth (1: a chain)", check=positive(drafter, "sample_width"))
 
 
 def draw_distinct(q: Tensor, width: int, gen: torch.Generator) -> tuple[list[int], list[Tensor]]:
@@ -110,6 +102,37 @@ def head_option(kind: str):
     """The ``head`` field every learned drafter's options declare."""
     return option("default", f"head folder, or 'default': the {kind} head shipped for the default model",
                   check=check_head_path)
+
+
+@dataclass(frozen=True)
+class HeadOptions(CheckedOptions):
+    """The base of a learned drafter's options (the ``head`` folder's check is left to ``open_head``)."""
+    unchecked = ("head",)
+
+
+class HeadDrafter(Drafter):
+    """A drafter that runs a learned head (``eagle``, ``medusa``) on the target's kernels; its options
+    (a ``HeadOptions``) name the head and its ``topk``."""
+    tree = True
+    confidence = True
+    head_kinds: ClassVar[tuple[str, ...] | None] = None   # the head kinds it runs (None: its own name's)
+
+    def _open(self, target: Any, options: dict[str, Any]) -> torch.nn.Module:
+        """Set ``opts`` from ``options`` and open the head for ``target``: its config, folder, feature
+        layers, reduced vocabulary and the target's LM-head rows over it.  Returns the head's module."""
+        o = self.opts = self.Options(**options)
+        self.cfg, module, self.vocab_ids = open_head(self.name, o.head, target, kinds=self.head_kinds)
+        self.head_dir = str(head_path(self.name, o.head))
+        self.topk = o.topk
+        self.feature_layers = tuple(self.cfg.feature_layers)
+        m = target.model
+        self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
+        self.vocab_list = self.vocab_ids.tolist()
+        self.vocab_size = target.config.vocab_size
+        return module
+
+    def describe(self) -> dict:
+        return describe_head(self.cfg, self.head_dir, len(self.vocab_list))
 
 
 class RopeTable:
