@@ -153,8 +153,8 @@ def _check_own(value) -> None:
 class SuffixOptions(TrieOptions):
     """The trie drafters' options (some defaults of its own) and the corpus's."""
     drafter: ClassVar[str] = "suffix"
-    max_n: int = retuned("max_n", 16)
-    max_matches: int = retuned("max_matches", 32)
+    max_n: int = retuned("max_n", 16, "longest match counted (longer matches are trusted more)")
+    max_matches: int = retuned("max_matches", 32, "matches merged into the trie")
     max_depth: int = retuned("max_depth", 16)
     recency: float = retuned("recency", 0.9)
     size_factor: float = option(2.0, "at most this many nodes per token of the longest match")

@@ -69,11 +69,11 @@ class TrieOptions:
 DEFAULT = TrieOptions()
 
 
-def retuned(name: str, default: Any) -> Any:
+def retuned(name: str, default: Any, help: str | None = None) -> Any:
     """A field of a subclass of ``TrieOptions`` (``suffix``'s): option ``name`` as declared here, its
-    help and check, with another default."""
+    help (unless ``help`` words it for the subclass) and check, with another default."""
     declared = next(f for f in fields(TrieOptions) if f.name == name)
-    return field(default=default, metadata=declared.metadata)
+    return field(default=default, metadata={**declared.metadata, "help": help or declared.metadata["help"]})
 
 
 def find_matches(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[np.ndarray, np.ndarray]:
