@@ -331,3 +331,19 @@ def test_drawn_nodes_are_trimmed_by_their_depths_never_by_their_own_draws():
         return props[0].tokens
     assert kept(q, [0.95, 0.9]) == kept(q, [0.01, 0.005])
     assert kept(None, [0.95, 0.9]) == [3, 4] and kept(None, [0.01, 0.005]) == []
+
+
+def test_cost_interpolation_is_numpys():
+    """The cost table's plain-Python interpolation gives numpy.interp's bits: 20000 seeded points,
+    integers (on and between the table's sizes) and fractions, inside and past both ends."""
+    import random
+
+    import numpy as np
+
+    from specserve.control.cost import interp
+    rng = random.Random(0)
+    xs = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64]
+    ys = sorted(rng.random() * 0.05 for _ in xs)
+    for _ in range(20000):
+        x = rng.randint(-2, 70) if rng.random() < 0.5 else rng.uniform(-2, 70)
+        assert interp(x, xs, ys) == float(np.interp(x, xs, ys)), x

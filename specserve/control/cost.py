@@ -8,13 +8,24 @@ which also shows contention with other programs).  It runs nothing.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from specserve.averages import decayed
 
 LONG_RUN = 16      # a sequence's run of this many tokens in a pass (a prompt chunk) has its own measured attention term
+
+
+def interp(x: float, xs: list[int], ys: list[float]) -> float:
+    """``numpy.interp(x, xs, ys)`` in plain Python, the same arithmetic (a controller asks it several
+    times a step, right after a pass, where numpy's call costs more than the arithmetic)."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    j = bisect.bisect_right(xs, x) - 1
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return float(slope * (x - xs[j]) + ys[j])
 
 
 @dataclass
@@ -31,7 +42,7 @@ class CostModel:
     def base(self, m: int) -> float:
         """Seconds of a pass of m tokens at the calibration context (linear beyond the table)."""
         if m <= self.tokens[-1]:
-            return float(np.interp(m, self.tokens, self.seconds))
+            return interp(m, self.tokens, self.seconds)
         slope = (self.seconds[-1] - self.seconds[-2]) / max(self.tokens[-1] - self.tokens[-2], 1)
         return self.seconds[-1] + slope * (m - self.tokens[-1])
 

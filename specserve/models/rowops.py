@@ -1,6 +1,7 @@
 """Operations on a pass's logits rows, on the native kernels where they run, else on torch.
 
-``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row) and
+``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row),
+``greedy_verify`` walks decoding rows' chains and trees over those maxima in one native call, and
 ``mask`` sets every token a bitmask forbids to -inf, in place (a grammar's mask, from
 ``specserve.constrain``, which alone knows the grammar library: this layer sees only bits).  The
 native kernels (``logit_ops.cpp``) are faster than torch's on a row of the default model's logits
@@ -34,6 +35,19 @@ def argmax(logits: Tensor) -> Tensor:
         from specserve.models.native import argmax_rows
         return argmax_rows(logits)
     return logits.argmax(-1)
+
+
+def greedy_verify(logits: Tensor, offsets: list[int], tokens: list[list[int]],
+                  parents: list[list[int]] | None) -> list[tuple[list[int], int]] | None:
+    """Greedy verification of decoding rows on the native kernel (logits: [M, V]; per row its pending
+    token's logits row, node tokens and parents, -1 the pending token; ``parents`` None: chains):
+    per row (accepted node indices, the emitted token after them), the bits of
+    ``verify.tree.greedy_tree_verify_argmax``; None where the native kernel does not run (the
+    caller verifies on torch)."""
+    if not (_native_rows(logits) and logits.shape[1]):
+        return None
+    from specserve.models.native import greedy_verify as native_verify
+    return native_verify(logits, offsets, tokens, parents)
 
 
 def mask(logits: Tensor, bitmask: Tensor) -> None:

@@ -1,8 +1,9 @@
 """One step's verification: each decoding row's proposal and the ragged pass's logits in, each
 row's accepted path and emitted tokens out (the per-step routing over ``chain`` and ``tree``).
 
-Rows are grouped: greedy rows go through ``greedy_verify_argmax`` when every proposal in the group
-is a chain and ``greedy_tree_verify_argmax`` otherwise; sampled chain rows through the batched
+Rows are grouped: greedy rows go through a runtime's native walk when it gives one (``walk_of``:
+the same outcomes, with no tensor built), else ``greedy_verify_argmax`` when every proposal in the
+group is a chain and ``greedy_tree_verify_argmax`` otherwise; sampled chain rows through the batched
 ``rejection_verify``, sampled tree rows one by one through ``tree_rejection_verify_row`` (which
 computes the same bits as ``rejection_verify`` on a chain).  Each sampled row draws its own
 randomness from its own generator, in a fixed order and amount that depend only on its own
@@ -42,17 +43,23 @@ class Outcome:
     tokens: list[int]     # emitted: the accepted tokens, then the recovered or bonus token
 
 
+Walk = Callable[[Tensor, list[int], list[list[int]], "list[list[int]] | None"], "list[tuple[list[int], int]] | None"]
+
+
 def verify_rows(rows: list[Row], logits: Tensor,
-                argmax_of: Callable[[Tensor], Tensor] = lambda x: x.argmax(-1)) -> list[Outcome]:
+                argmax_of: Callable[[Tensor], Tensor] = lambda x: x.argmax(-1),
+                walk_of: Walk | None = None) -> list[Outcome]:
     """logits: [M, V] of a ragged pass (M >= every row's offset + N + 1); ``argmax_of`` maps them to
     [M] int64, each row's first maximum (greedy rows read nothing else; a runtime's faster kernel may
-    stand in for torch's when it gives the same indices).  Outcomes in row order."""
+    stand in for torch's when it gives the same indices).  ``walk_of(logits, offsets, tokens,
+    parents)`` (parents None: chains), where given, verifies the greedy rows in one call and returns
+    each one's (accepted path, emitted token after it), the outcomes ``_greedy`` computes, or None
+    where it cannot run.  Outcomes in row order."""
     out: list[Outcome | None] = [None] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.sampling.greedy]
     sampled = [i for i, r in enumerate(rows) if not r.sampling.greedy]
     if greedy:
-        argmax = argmax_of(logits)                                                     # [M], one op for all
-        for i, o in zip(greedy, _greedy([rows[i] for i in greedy], argmax)):
+        for i, o in zip(greedy, _greedy_rows([rows[i] for i in greedy], logits, argmax_of, walk_of)):
             out[i] = o
     chains = [i for i in sampled if rows[i].is_chain]
     if chains:
@@ -71,6 +78,17 @@ def _logits(logits: Tensor, r: Row) -> Tensor:
 
 def _padded(rows: list[list[int]], width: int, fill: int) -> Tensor:
     return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
+
+
+def _greedy_rows(rows: list[Row], logits: Tensor, argmax_of: Callable[[Tensor], Tensor],
+                 walk_of: Walk | None) -> list[Outcome]:
+    """logits: [M, V]; the greedy rows' outcomes by the native walk where it runs, else on tensors."""
+    chains = all(r.is_chain for r in rows)
+    walked = walk_of(logits, [r.offset for r in rows], [r.tokens for r in rows],
+                     None if chains else [r.parent_list() for r in rows]) if walk_of is not None else None
+    if walked is None:
+        return _greedy(rows, argmax_of(logits))                                        # [M], one op for all
+    return [Outcome(path, [r.tokens[j] for j in path] + [final]) for r, (path, final) in zip(rows, walked)]
 
 
 def _greedy(rows: list[Row], argmax: Tensor) -> list[Outcome]:

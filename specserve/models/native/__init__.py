@@ -15,9 +15,9 @@ from specserve.models.native.abi import ABI_VERSION, MAX_TREE_TOKENS
 from specserve.models.native.build import REQUIRED_CPU_FLAGS, cache_dir, library, unavailable_reason
 from specserve.models.native.formats import (BLOCK, BLOCK_BYTES, F16, F32, FORMAT_NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,
                                              Q5_K, Q6_K, Q8_0, BlockWeight, NativeWeight, row_bytes)
-from specserve.models.native.kernels import argmax_rows, fma_peak, linear, mask_rows
+from specserve.models.native.kernels import argmax_rows, fma_peak, greedy_verify, linear, mask_rows
 
 __all__ = ["ABI_VERSION", "MAX_TREE_TOKENS", "REQUIRED_CPU_FLAGS", "cache_dir", "library", "unavailable_reason",
            "BLOCK", "BLOCK_BYTES", "F16", "F32", "FORMAT_NAMES", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K",
-           "Q6_K", "Q8_0", "BlockWeight", "NativeWeight", "row_bytes", "argmax_rows", "fma_peak", "linear",
+           "Q6_K", "Q8_0", "BlockWeight", "NativeWeight", "row_bytes", "argmax_rows", "fma_peak", "greedy_verify", "linear",
            "mask_rows"]

@@ -69,6 +69,7 @@ SIGNATURES = {
     "ss_add": ([_P, _P, _I64], None),
     "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),
     "ss_mask_rows": ([_P, _I64, _I64, _P, _I64, _I64], None),
+    "ss_greedy_verify": ([_P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P], None),
     "ss_scale": ([_P, _F32, _I64], None),
     "ss_set_threads": ([_I32], _I32),
     "ss_default_threads": ([], _I32),

@@ -1,9 +1,12 @@
 """Row kernels called one at a time from Python: a linear layer over any weight the kernels read,
-each row's argmax and a grammar's bitmask over logits rows (``logit_ops.cpp``), and the machine's fp32
-multiply-add ceiling.
+each row's argmax, greedy verification and a grammar's bitmask over logits rows (``logit_ops.cpp``),
+and the machine's fp32 multiply-add ceiling.
 """
 
 from __future__ import annotations
+
+import itertools
+from array import array
 
 import torch
 
@@ -31,6 +34,31 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.int64)
     library().ss_argmax_rows(x.data_ptr(), x.shape[0], x.stride(0), x.shape[1], out.data_ptr())
     return out
+
+
+def greedy_verify(x: torch.Tensor, offsets: list[int], tokens: list[list[int]],
+                  parents: list[list[int]] | None) -> list[tuple[list[int], int]]:
+    """x: float32 [R, V] CPU logits rows with contiguous entries; per decoding row b: its pending
+    token's row ``offsets[b]``, its node tokens, and their parents (-1: child of the pending token;
+    ``parents`` None: every row a chain).  Per row: (accepted node indices, root first; the emitted
+    token after them), as ``verify.tree.greedy_tree_verify_argmax`` gives them (``logit_ops.cpp``)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError("greedy_verify takes float32 [R, V] CPU rows with contiguous entries")
+    b = len(offsets)
+    first = list(itertools.accumulate([len(t) for t in tokens], initial=0))
+    if b and (min(offsets) < 0 or max(o + len(t) for o, t in zip(offsets, tokens)) >= x.shape[0]):
+        raise ValueError("a row's logits lie outside the pass's")
+    flat = array("q", [t for ts in tokens for t in ts] or [0])
+    par = None if parents is None else array("q", [p for ps in parents for p in ps] or [0])
+    path, accepted, final = array("q", bytes(8 * max(first[-1], 1))), array("q", bytes(8 * b)), array("q", bytes(8 * b))
+    off, fst = array("q", offsets), array("q", first)
+    library().ss_greedy_verify(x.data_ptr(), x.stride(0), x.shape[1], b, _addr(off), _addr(fst), _addr(flat),
+                               _addr(par) if par is not None else None, _addr(path), _addr(accepted), _addr(final))
+    return [(path[first[i]:first[i] + accepted[i]].tolist(), final[i]) for i in range(b)]
+
+
+def _addr(a: array) -> int:
+    return a.buffer_info()[0]
 
 
 def mask_rows(x: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,6 +36,7 @@ from specserve.models.native.kernels import linear
 from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
+SCRATCH_KEPT = 64          # passes of at most this many tokens reuse their scratch buffers
 
 
 def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
@@ -156,6 +158,7 @@ class NativeTransformer(OnCpu, nn.Module):
             layer.cos, layer.sin = tables[cfg.layer_rope_theta(i)]
         self.set_timer(None)
         self._weights = self._table()
+        self._scratch: dict[tuple[int, int], dict[str, Tensor]] = {}    # (thread, m) -> a pass's scratch
 
     def _table(self) -> ctypes.Array:
         """Every layer's weights as ss_forward's table of SsLayer [L] (the tensors stay referenced by
@@ -185,6 +188,7 @@ class NativeTransformer(OnCpu, nn.Module):
         view.config = dataclasses.replace(self.config, num_layers=len(keep))
         view.layers = [self.layers[i] for i in keep]
         view._weights = view._table()
+        view._scratch = {}
         view.set_timer(None)
         return view
 
@@ -271,8 +275,7 @@ class NativeTransformer(OnCpu, nn.Module):
         """The pass's index tensors for the kernels and its buffers, allocated once (``pick``: the
         flat indices of the tokens whose logits are wanted, None: all)."""
         cfg = self.config
-        m, h, hkv, d = int(lay.offsets[-1]), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        hid, inter = cfg.hidden_size, cfg.intermediate_size
+        m, hid = int(lay.offsets[-1]), cfg.hidden_size
         start_t = torch.tensor(start, dtype=torch.int64)
         pos = (start_t.numpy()[lay.seq_of] + lay.depth).astype(np.int64)              # rotary positions [N]
         pos_t, offsets_t, seq_of_t = (torch.from_numpy(np.ascontiguousarray(a)) for a in (pos, lay.offsets, lay.seq_of))
@@ -282,10 +285,25 @@ class NativeTransformer(OnCpu, nn.Module):
             m=m, bsz=len(lay.lengths), tok=tokens.reshape(-1).to(torch.int64).contiguous(),
             rows=torch.tensor(rows, dtype=torch.int64), start=start_t, offsets=offsets_t, seq_of=seq_of_t, pos=pos_t,
             parents=torch.from_numpy(lay.parents) if lay.parents is not None else None, pick=pick_t,
-            x=torch.empty(m, hid), hbuf=torch.empty(m, hid), qkv=torch.empty(m, (h + 2 * hkv) * d),
-            q=torch.empty(m, h * d), att=torch.empty(m, h * d), gu=torch.empty(m, 2 * inter),
-            act=torch.empty(m, inter), logits=torch.empty(n_logits, self.lm_head.shape[0]),
+            **self._work(m), logits=torch.empty(n_logits, self.lm_head.shape[0]),
             wanted={i: torch.empty(m, hid) for i in features if i <= cfg.num_layers})
+
+    def _work(self, m: int) -> dict[str, Tensor]:
+        """The pass's scratch buffers for m tokens (x .. act of ``_Pass``).  A decoding-sized pass's
+        (m <= SCRATCH_KEPT) are kept for the calling thread's next pass of that size: only ss_forward
+        reads or writes them, and every entry is written before it is read.  The results (logits,
+        features) are new for every pass, since callers keep them."""
+        key = (threading.get_ident(), m)
+        if key not in self._scratch:
+            if len(self._scratch) >= 16 or m > SCRATCH_KEPT:
+                self._scratch.clear()
+            cfg = self.config
+            hid, h, hkv, d, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+            self._scratch[key] = dict(x=torch.empty(m, hid), hbuf=torch.empty(m, hid),
+                                      qkv=torch.empty(m, (h + 2 * hkv) * d),
+                                      q=torch.empty(m, h * d), att=torch.empty(m, h * d),
+                                      gu=torch.empty(m, 2 * inter), act=torch.empty(m, inter))
+        return self._scratch[key]
 
     def _run(self, p: _Pass, cache: KVCache, seconds: "ctypes.Array | None") -> None:
         """The whole pass in one foreign call: the Python lock is taken once (see forward.cpp);
