@@ -44,6 +44,14 @@
 #error "define SS_Q8_PATH before including q8.h"
 #endif
 
+// Bytes ahead of the block being multiplied that each tile prefetches the weight stream from (a
+// thread's row groups are contiguous, so this runs ahead into its next groups).  The hardware
+// prefetchers alone fall behind once several tokens' integer products sit between the loads
+// (BENCHMARKS.md, "where the time goes", has the passes with and without it).
+#ifndef SS_Q8_PREFETCH
+#define SS_Q8_PREFETCH 4096
+#endif
+
 namespace {
 
 // The packed formats' traits.  bits: 8 or 4 (value bytes per block: 256 or 128); bias: the value
@@ -217,6 +225,8 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = w + g * gstride + b * block_bytes<P>();
+    for (int l = 0; l < block_bytes<P>(); l += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + SS_Q8_PREFETCH + l), _MM_HINT_T0);
     __m256i ia[MB], half[MB];
     block_sums<P, MB>(blk, a, m0, b, ia, half);
     const __m256 dw = scales8(blk + VB, P::f16);
