@@ -1,14 +1,17 @@
-"""What int8 activations change, on a real model: greedy text, next-token agreement and logit
-differences against transformers' fp32, perplexity, and greedy agreement with llama.cpp.
+"""What a runtime setting changes, on a real model: int8 against fp32 activations (``--compare
+activations``, the default) or a bf16 against an fp32 KV cache (``--compare kv``, int8 activations
+both): greedy text, next-token agreement and logit differences against transformers' fp32,
+perplexity, and greedy agreement with llama.cpp.
 
-    .venv/bin/python experiments/int8_accuracy.py OUT.json [--model default] [--per-group 10] [--max-tokens 64]
+    .venv/bin/python experiments/int8_accuracy.py OUT.json [--compare activations|kv] [--model default]
+        [--per-group 10] [--max-tokens 64]
 
 1. Greedy answers to Spec-Bench prompts (``--per-group`` of each group, chat template unless the
-   model has none) with activations=int8 and activations=f32: how many are identical, and where
-   the first differing token falls.
-2. Teacher-forced over each prompt and its f32 answer: next-token (top-1) agreement with
-   transformers' fp32 logits and the largest logit difference, for both settings.
-3. Perplexity of the prompts' own text (the tokens after the first) under int8, f32 and transformers.
+   model has none) under the two settings: how many are identical, and where the first differing
+   token falls.
+2. Teacher-forced over each prompt and the reference setting's answer: next-token (top-1) agreement
+   with transformers' fp32 logits and the largest logit difference, for both settings.
+3. Perplexity of the prompts' own text (the tokens after the first) under both and transformers.
 4. llama.cpp's greedy answers on the same file (llama-cpp-python, when installed): how many equal
    ours in each setting.
 """
@@ -25,10 +28,15 @@ import time
 import torch
 
 
+# --compare: (the setting measured, the reference), both values of that RuntimeOptions field
+SETTINGS = {"activations": ("int8", "f32"), "kv": ("bf16", "f32")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--model", default="default")
+    ap.add_argument("--compare", choices=sorted(SETTINGS), default="activations")
     ap.add_argument("--per-group", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
@@ -39,21 +47,22 @@ def main() -> int:
     from specserve.llm import LLM
     from specserve.models import RuntimeOptions
 
-    llms = {a: LLM(args.model, RuntimeOptions(activations=a), max_batch=1, max_len=2048) for a in ("int8", "f32")}
-    raw = llms["f32"].tokenizer.hf.chat_template is None           # a base model's file may have no chat template
+    (new, ref), field = SETTINGS[args.compare], args.compare
+    llms = {a: LLM(args.model, RuntimeOptions(**{field: a}), max_batch=1, max_len=2048) for a in (new, ref)}
+    raw = llms[ref].tokenizer.hf.chat_template is None           # a base model's file may have no chat template
     prompts, _ = sample(args.per_group)
-    ids = [llms["f32"].encode(p.text, raw=raw) for p in prompts]
+    ids = [llms[ref].encode(p.text, raw=raw) for p in prompts]
     # 1. greedy answers
     answers = {a: [llm.engine.generate([Request(x, args.max_tokens)])[0].tokens for x in ids] for a, llm in llms.items()}
-    same = sum(a == b for a, b in zip(answers["int8"], answers["f32"]))
+    same = sum(a == b for a, b in zip(answers[new], answers[ref]))
     first = [next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
-             for a, b in zip(answers["int8"], answers["f32"])]
+             for a, b in zip(answers[new], answers[ref])]
     diverged = [f for f in first if f is not None]
     # 2-3. teacher-forced against transformers
-    directory, gguf_file = llms["f32"].target.tokenizer_source()
+    directory, gguf_file = llms[ref].target.tokenizer_source()
     hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32).eval()
-    stats = {a: {"agree": 0, "positions": 0, "max_abs_diff": 0.0, "nll": 0.0, "nll_tokens": 0} for a in ("int8", "f32", "hf")}
-    for x, ans in zip(ids, answers["f32"]):
+    stats = {a: {"agree": 0, "positions": 0, "max_abs_diff": 0.0, "nll": 0.0, "nll_tokens": 0} for a in (new, ref, "hf")}
+    for x, ans in zip(ids, answers[ref]):
         seq = torch.tensor([x + ans])
         with torch.no_grad():
             ref = hf(seq).logits[0]
@@ -74,17 +83,18 @@ def main() -> int:
     llama = {}
     try:
         from specserve.bench.peers import llama_cpp_peer
-        run = llama_cpp_peer(llms["f32"].target.path, 4)["llama.cpp"]
+        run = llama_cpp_peer(llms[ref].target.path, 4)["llama.cpp"]
         theirs = [run(x, args.max_tokens)[0] for x in ids]
         llama = {a: sum(t == o for t, o in zip(theirs, answers[a])) for a in answers}
-        llama["int8_vs_llama_first_diff"] = [next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
-                                            for a, b in zip(answers["int8"], theirs)]
+        llama[f"{new}_vs_llama_first_diff"] = [next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
+                                              for a, b in zip(answers[new], theirs)]
     except ImportError as e:
         llama = {"skipped": f"llama-cpp-python not installed ({e})"}
-    doc = {"command": " ".join(["experiments/int8_accuracy.py", *sys.argv[1:]]), "model": llms["f32"].target.path,
+    doc = {"command": " ".join(["experiments/int8_accuracy.py", *sys.argv[1:]]), "model": llms[ref].target.path,
            "machine": platform.processor() or platform.machine(), "prompts": len(ids), "max_tokens": args.max_tokens,
            "date": time.strftime("%Y-%m-%d"),
-           "greedy_identical_int8_vs_f32": same, "first_difference_positions": first,
+           "setting": field, "runs": [new, ref],
+           f"greedy_identical_{new}_vs_{ref}": same, "first_difference_positions": first,
            "median_first_difference": sorted(diverged)[len(diverged) // 2] if diverged else None,
            "teacher_forced": {a: {"top1_agreement_with_transformers": s["agree"] / s["positions"],
                                   "positions": s["positions"], "max_abs_logit_diff": s["max_abs_diff"],

@@ -124,8 +124,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 def _profile_parser(f: argparse.ArgumentParser) -> None:
     model_arg(f)
-    f.add_argument("--runtimes", default="auto", help="comma-separated kernels[:activations] settings to compare, "
-                   "e.g. fbgemm,native,native:f32")
+    f.add_argument("--runtimes", default="auto", help="comma-separated kernels[:activations[:kv]] settings to "
+                   "compare, e.g. fbgemm,native,native:f32,native:int8:bf16")
     f.add_argument("--tokens", default="1,8,16", help="new tokens per row, comma-separated")
     f.add_argument("--batch", type=int, default=1, help="rows in each profiled pass")
     f.add_argument("--context", type=int, default=256, help="cached positions before the pass")
@@ -198,7 +198,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise SpecserveError("--tokens, --batch, --context and --reps must be >= 1")
     batches = _ints(args.cost_batches, "--cost-batches")
     rows, curves, rooflines, cost_models = [], {}, [], []
-    runtimes = [RuntimeOptions(kernels=k.split(":")[0], activations=(k.split(":") + ["auto"])[1])
+    runtimes = [RuntimeOptions(kernels=k.split(":")[0], activations=(k.split(":") + ["auto"])[1],
+                               kv=(k.split(":") + ["auto", "auto"])[2])
                 for k in (k.strip() for k in args.runtimes.split(",")) if k]
     for opts in runtimes:                          # each runtime loaded once, measured every way
         lm = load_model(args.model, opts)

@@ -35,7 +35,7 @@ def model_arg(p: argparse.ArgumentParser) -> None:
 
 
 def runtime_args(p: argparse.ArgumentParser) -> None:
-    """How the target runs: dtype, device, kernels, attention, activations (``RuntimeOptions``)."""
+    """How the target runs: dtype, device, kernels, attention, activations, kv (``RuntimeOptions``)."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="activation dtype (float32 keeps greedy identity by construction on CPU)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -43,6 +43,8 @@ def runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="auto", help="auto, native, invariant or sdpa (native goes with kernels=native)")
     p.add_argument("--activations", default="auto", help="auto, int8 or f32 (native kernels; auto: int8 over GGUF "
                    "blocks, f32 over float weights)")
+    p.add_argument("--kv", default="auto", help="the KV cache's element type: auto, f32 or bf16 (native kernels; "
+                   "bf16 halves the bytes attention reads and rounds keys and values; see the README)")
 
 
 def engine_args(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -70,7 +72,7 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
 def runtime_options(args: argparse.Namespace):
     """The ``RuntimeOptions`` the runtime flags name."""
     from specserve.models.loader import RuntimeOptions
-    return RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations)
+    return RuntimeOptions(args.dtype, args.device, args.kernels, args.attention, args.activations, args.kv)
 
 
 def drafter_specs(args: argparse.Namespace) -> list:

@@ -76,17 +76,20 @@ def quantized(sd: dict[str, torch.Tensor], fmt: int = 3, embed_fmt: int = 2) -> 
 
 
 def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", scale: float = 0.5,
-               sd: dict | None = None, activations: str = "auto", **kw) -> LoadedModel:
+               sd: dict | None = None, activations: str = "auto", kv: str = "auto", **kw) -> LoadedModel:
     """A LoadedModel around random weights (no files); ``path`` is a unique label.  kernels
     ``native-int8``: the native runtime over the weights quantized as a GGUF file holds them
-    (``quantized``: Q4_1 layers, Q8_0 embedding), with int8 activations."""
+    (``quantized``: Q4_1 layers, Q8_0 embedding), with int8 activations; a ``-bf16`` suffix (``native-bf16``,
+    ``native-int8-bf16``): with a bf16 KV cache."""
     cfg = tiny_config(**kw)
     sd = sd if sd is not None else tiny_state_dict(cfg, seed, scale)
+    if kernels.endswith("-bf16"):
+        kernels, kv = kernels.removesuffix("-bf16"), "bf16"
     if kernels == "native-int8":
         kernels, activations, sd = "native", "int8", quantized(sd)
-    opts = RuntimeOptions("float32", "cpu", kernels, attention, activations).resolve()
+    opts = RuntimeOptions("float32", "cpu", kernels, attention, activations, kv).resolve()
     model = build_model(cfg, sd, opts)
-    label = f"<tiny seed={seed} scale={scale} activations={getattr(model, 'activations', 'f32')}>"
+    label = f"<tiny seed={seed} scale={scale} activations={getattr(model, 'activations', 'f32')} kv={opts.kv}>"
     return LoadedModel(model=model, config=cfg, path=label, options=opts)
 
 

@@ -12,10 +12,10 @@ from specserve.sampling import SamplingParams
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7], [10, 20, 30, 40, 50, 60, 10, 20] * 3, [5], [9, 8, 7, 6, 5, 4]]
 
 
-@pytest.fixture(scope="module", params=["native", "native-int8", "fbgemm"])
+@pytest.fixture(scope="module", params=["native", "native-int8", "native-int8-bf16", "fbgemm"])
 def target(request):
     """Every engine test runs on the batch-invariant runtimes: native with fp32 and with int8
-    activations (over Q4_1 / Q8_0 blocks), and fbgemm."""
+    activations (over Q4_1 / Q8_0 blocks), the latter with a bf16 KV cache too, and fbgemm."""
     return tiny_model(seed=21, vocab=64, layers=2, kernels=request.param)
 
 

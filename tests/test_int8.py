@@ -116,10 +116,12 @@ def test_a_path_the_cpu_lacks_is_refused():
     assert pk.current_path() in pk.PATHS
 
 
-def test_whole_model_passes_same_bits_on_every_path():
-    """A tiny Q4_1 / Q8_0 model: a 9-token verification pass beside another sequence, on each path the
-    CPU runs and at 1 thread, equals one-token decoding on the AVX2 path at the default threads."""
-    lm = tiny_model(seed=4, vocab=64, kernels="native-int8")
+@pytest.mark.parametrize("kv", ["f32", "bf16"])
+def test_whole_model_passes_same_bits_on_every_path(kv):
+    """A tiny Q4_1 / Q8_0 model, with each KV cache type: a 9-token verification pass beside another
+    sequence, on each path the CPU runs and at 1 thread, equals one-token decoding on the AVX2 path at
+    the default threads."""
+    lm = tiny_model(seed=4, vocab=64, kernels="native-int8", kv=kv)
     m = lm.model
     g = torch.Generator().manual_seed(0)
     prompt, cont = torch.randint(0, 64, (1, 40), generator=g), torch.randint(0, 64, (1, 9), generator=g)

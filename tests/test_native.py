@@ -135,9 +135,11 @@ KC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
 VC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
 
 
-def run_attention(q, rows, start, t, parents=None, window=0):
-    """ss_attention over KC/VC: rows/start per row, t tokens per row, optional parents [B*T] and
-    sliding window."""
+def run_attention(q, rows, start, t, parents=None, window=0, kc=None, vc=None):
+    """ss_attention over KC/VC (or kc/vc: fp32 or bf16 caches of their shape): rows/start per row, t
+    tokens per row, optional parents [B*T] and sliding window."""
+    kc = KC if kc is None else kc
+    vc = VC if vc is None else vc
     out = torch.empty_like(q)
     rows_t, start_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(start, dtype=torch.int64)
     if parents is None:
@@ -151,9 +153,9 @@ def run_attention(q, rows, start, t, parents=None, window=0):
         par_ptr = par.data_ptr()
     pos = (start_t.repeat_interleave(t) + depth).contiguous()
     offsets = torch.arange(len(rows) + 1, dtype=torch.int64) * t
-    nt.library().ss_attention(q.data_ptr(), KC.data_ptr(), VC.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
+    nt.library().ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
                               offsets.data_ptr(), pos.data_ptr(), par_ptr, len(rows), H, HKV, CAP, D, D ** -0.5,
-                              window, out.data_ptr())
+                              window, out.data_ptr(), int(kc.dtype == torch.bfloat16))
     return out
 
 
@@ -190,6 +192,54 @@ def test_tree_attention_sees_prefix_and_ancestors_only_bit_for_bit():
             KC[2, :, start + i], VC[2, :, start + i] = KC[1, :, start + u], VC[1, :, start + u]
         chain = run_attention(q[path].contiguous(), [2], [start], len(path))
         assert torch.equal(chain[-1], got[t])
+
+
+@pytest.mark.parametrize("window", [0, 7])
+def test_bf16_cache_attention_is_the_fp32_kernel_over_its_values(window):
+    """A bf16 cache gives, bit for bit, what the fp32 kernel gives over the same values widened:
+    chains of 9 tokens in two rows (groups of several queries: keys and values widened once per
+    group), each query alone (one query: widened as read), and a tree (a shared cached prefix, then
+    each node's own path)."""
+    kb, vb = KC.to(torch.bfloat16), VC.to(torch.bfloat16)
+    kf, vf = kb.float(), vb.float()
+    q = torch.randn(2 * 9, H, D, generator=G)
+    got = run_attention(q, [2, 0], [20, 41], 9, window=window, kc=kb, vc=vb)
+    assert torch.equal(got, run_attention(q, [2, 0], [20, 41], 9, window=window, kc=kf, vc=vf))
+    for i in (0, 8, 13):
+        one = q[i:i + 1].contiguous()
+        args = ([[2, 0][i // 9]], [[20, 41][i // 9] + i % 9], 1)
+        assert torch.equal(run_attention(one, *args, window=window, kc=kb, vc=vb)[0], got[i])
+    parents, qt = [-1, 0, 0, 1, 1, 2, 4], torch.randn(7, H, D, generator=G)
+    tree = run_attention(qt, [1], [29], 7, parents, window=window, kc=kb, vc=vb)
+    assert torch.equal(tree, run_attention(qt, [1], [29], 7, parents, window=window, kc=kf, vc=vf))
+
+
+def test_bf16_cache_writes_round_to_nearest_even():
+    """ss_rope_cache into a bf16 cache writes exactly torch's rounding (to nearest, ties to even) of
+    what it writes into an fp32 cache, keys (rotated) and values, at every token's slot; values at
+    the bf16 halfway points included."""
+    n, hq, hkv, d, cap = 5, 4, 2, 16, 16
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=g)
+    qkv[0, hq * d:] = torch.tensor([1 + k * 2.0 ** -8 for k in range(2 * hkv * d)])      # ties, both ways
+    cos, sin = torch.randn(64, d, generator=g), torch.randn(64, d, generator=g)
+    rows, start = torch.tensor([1], dtype=torch.int64), torch.tensor([3], dtype=torch.int64)
+    offsets, seq_of = torch.tensor([0, n], dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+    pos = torch.arange(3, 3 + n, dtype=torch.int64)
+    caches = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        kc, vc = torch.zeros(2, hkv, cap, d, dtype=dtype), torch.zeros(2, hkv, cap, d, dtype=dtype)
+        q_out = torch.empty(n, hq, d)
+        nt.library().ss_rope_cache(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), start.data_ptr(),
+                                   offsets.data_ptr(), seq_of.data_ptr(), pos.data_ptr(), n, hq, hkv, cap, d, None,
+                                   None, 1e-6, q_out.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                   int(dtype == torch.bfloat16))
+        caches[dtype] = (kc, vc, q_out)
+    (k32, v32, q32), (k16, v16, q16) = caches[torch.float32], caches[torch.bfloat16]
+    assert torch.equal(q16, q32)
+    assert torch.equal(k16.view(torch.int16), k32.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(v16.view(torch.int16), v32.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(v32[1, :, 3:3 + n].permute(1, 0, 2).reshape(n, -1), qkv[:, (hq + hkv) * d:])
 
 
 @pytest.mark.parametrize("window", [1, 5, 13, 30])

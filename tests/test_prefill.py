@@ -114,7 +114,7 @@ def test_pool_features_only_where_stored():
 
 
 # ------------------------------------------------------------------ the engine
-@pytest.fixture(scope="module", params=["native", "fbgemm"])
+@pytest.fixture(scope="module", params=["native", "native-bf16", "fbgemm"])
 def target(request):
     return tiny_model(seed=21, vocab=64, layers=2, kernels=request.param, max_position_embeddings=1024)
 

@@ -18,9 +18,11 @@ from specserve.models.loader import LoadedModel
 
 
 def runtime_name(lm: LoadedModel) -> str:
-    """The runtime as a label: kernels, and for the native kernels the activations (native:int8)."""
+    """The runtime as a label: kernels, and for the native kernels the activations and the KV cache's
+    element type (native:int8, native:int8:bf16; an fp32 cache is not named)."""
     act = getattr(lm.model, "activations", None)
-    return f"{lm.options.kernels}:{act}" if act else lm.options.kernels
+    kv = getattr(lm.model, "kv", "f32")
+    return lm.options.kernels + (f":{act}" if act else "") + (f":{kv}" if kv != "f32" else "")
 
 
 def _median_pass(model, x, cache, context: int, reps: int) -> float:

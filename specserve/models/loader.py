@@ -24,11 +24,12 @@ from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
 from specserve.models.llama import Transformer
 from specserve.models.native import (F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, NativeWeight,
                                      unavailable_reason)
-from specserve.models.native.model import NativeTransformer
+from specserve.models.native.model import KV_DTYPES, NativeTransformer
 from specserve.models.native.packed import ACTIVATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_KV = "f32"     # the native KV cache's element type under kv=auto (chosen by measurement: README)
 
 
 KERNELS = ("native",) + LINEAR_KERNELS
@@ -52,12 +53,16 @@ class RuntimeOptions:
       repacked for integer dot products (as llama.cpp does; batch-invariant, the same bits on every
       instruction set).  ``f32``: fp32 activations against exactly dequantized weights (Hugging Face
       numerics within 1e-4).  ``auto``: int8 where the weights are GGUF blocks, else f32.
+    kv (native kernels only): the KV cache's element type.  ``f32``; ``bf16``: keys and values rounded
+    to bf16 when written (half the bytes attention reads, the same bits on every instruction set);
+    ``auto``: ``DEFAULT_KV`` (README, "KV cache", says what each changes in text and speed).
     """
     dtype: str = "float32"
     device: str = "cpu"
     kernels: str = "auto"       # auto | native | torch | fbgemm
     attention: str = "auto"     # auto | native | sdpa | invariant
     activations: str = "auto"   # auto | int8 | f32 (native kernels)
+    kv: str = "auto"            # auto | f32 | bf16 (native kernels)
 
     def resolve(self) -> "RuntimeOptions":
         """Fill in ``auto`` and refuse impossible combinations, with the reason."""
@@ -70,6 +75,8 @@ class RuntimeOptions:
         kernels, attention = self.kernels, self.attention
         if self.activations not in ACTIVATIONS:
             raise SpecserveError(f"unknown activations {self.activations!r}; choose from {', '.join(ACTIVATIONS)}")
+        if self.kv not in ("auto", *KV_DTYPES):
+            raise SpecserveError(f"unknown kv {self.kv!r}; choose from auto, {', '.join(KV_DTYPES)}")
         on_cpu_fp32 = self.device == "cpu" and self.dtype == "float32"
         if kernels == "auto":
             if on_cpu_fp32 and attention in ("auto", "native") and unavailable_reason() is None:
@@ -87,7 +94,8 @@ class RuntimeOptions:
             if attention not in ("auto", "native"):
                 raise SpecserveError(f"kernels=native has its own attention; attention={attention!r} needs "
                                      "kernels=torch or fbgemm")
-            return RuntimeOptions(self.dtype, self.device, "native", "native", self.activations)
+            return RuntimeOptions(self.dtype, self.device, "native", "native", self.activations,
+                                  DEFAULT_KV if self.kv == "auto" else self.kv)
         if kernels == "fbgemm":
             if not on_cpu_fp32:
                 raise SpecserveError("kernels=fbgemm needs device=cpu and dtype=float32 (fp16 weights, fp32 activations)")
@@ -95,13 +103,15 @@ class RuntimeOptions:
                 raise SpecserveError("kernels=fbgemm requested but this torch build has no FBGEMM fp16 GEMM")
         if self.activations == "int8":
             raise SpecserveError(f"activations=int8 needs kernels=native (kernels={kernels} keeps float activations)")
+        if self.kv not in ("auto", "f32"):
+            raise SpecserveError(f"kv={self.kv} needs kernels=native (kernels={kernels} keeps its cache in the model's dtype)")
         if attention == "auto":
             attention = "invariant" if kernels == "fbgemm" else "sdpa"
         if attention == "native":
             raise SpecserveError("attention=native needs kernels=native")
         if attention not in ATTENTIONS:
             raise SpecserveError(f"unknown attention {attention!r}; choose from auto, {', '.join(ATTENTIONS)}")
-        return RuntimeOptions(self.dtype, self.device, kernels, attention)
+        return RuntimeOptions(self.dtype, self.device, kernels, attention, kv="f32")
 
     @property
     def batch_invariant(self) -> bool:
@@ -202,7 +212,7 @@ def build_model(cfg: ModelConfig, sd: dict, opts: RuntimeOptions) -> Decoder:
     dtype = DTYPES[opts.dtype]
     sd = {k: v if isinstance(v, NativeWeight) else v.to(device=opts.device, dtype=dtype) for k, v in sd.items()}
     if opts.kernels == "native":
-        return NativeTransformer(cfg, sd, activations=opts.activations)
+        return NativeTransformer(cfg, sd, activations=opts.activations, kv=opts.kv)
     if any(isinstance(v, NativeWeight) for v in sd.values()):
         sd = {k: v.dequantize() if isinstance(v, NativeWeight) else v for k, v in sd.items()}
     model = Transformer(cfg, sd, kernel=opts.kernels, attention=opts.attention)

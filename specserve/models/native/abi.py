@@ -13,7 +13,7 @@ import ctypes
 
 from specserve.models.decoder import PARTS
 
-ABI_VERSION = 11          # ABI_VERSION in simd.h
+ABI_VERSION = 12          # ABI_VERSION in simd.h
 MAX_TREE_TOKENS = 256     # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
 
 _I64, _P, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -42,7 +42,7 @@ class SsPass(ctypes.Structure):
                 ("tokens", _P), ("rows", _P), ("start", _P), ("offsets", _P), ("seq_of", _P), ("pos", _P),
                 ("parent", _P), ("logit_rows", _P),
                 ("x", _P), ("hbuf", _P), ("qkv", _P), ("q", _P), ("att", _P), ("gu", _P), ("act", _P),
-                ("kc", _P), ("vc", _P),
+                ("kc", _P), ("vc", _P), ("kv", _I64),
                 ("embed", _P), ("embed_fmt", _I64), ("norm", _P), ("head", _P), ("head_fmt", _I64),
                 ("logits", _P), ("feats", _P), ("layers", ctypes.POINTER(SsLayer)),
                 ("part_seconds", ctypes.POINTER(ctypes.c_double))]
@@ -63,8 +63,9 @@ SIGNATURES = {
     "ss_embed": ([_P, _I64, _P, _I32, _I64, _P], None),
     "ss_rmsnorm": ([_P, _P, _I64, _I64, _F32, _P], None),
     "ss_silu_mul": ([_P, _I64, _I64, _P], None),
-    "ss_rope_cache": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _F32, _P, _P, _P], None),
-    "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P], None),
+    "ss_rope_cache": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _F32, _P, _P, _P, _I64],
+                      None),
+    "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P, _I64], None),
     "ss_gelu_tanh_mul": ([_P, _I64, _I64, _P], None),
     "ss_add": ([_P, _P, _I64], None),
     "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),

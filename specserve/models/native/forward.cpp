@@ -21,10 +21,10 @@ void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, 
 void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* start,
                    const int64_t* offsets, const int64_t* seq_of, const int64_t* pos, int64_t N, int64_t H,
                    int64_t Hkv, int64_t C, int64_t D, const float* q_norm, const float* k_norm, float eps,
-                   float* q_out, float* kc, float* vc);
-void ss_attention(const float* q, const float* kc, const float* vc, const int64_t* rows, const int64_t* start,
+                   float* q_out, void* kc, void* vc, int64_t kv);
+void ss_attention(const float* q, const void* kc, const void* vc, const int64_t* rows, const int64_t* start,
                   const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
-                  int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out);
+                  int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out, int64_t kv);
 void ss_embed(const int64_t* tokens, int64_t n, const uint8_t* w, int fmt, int64_t K, float* out);
 }
 
@@ -86,8 +86,9 @@ struct SsPass {
   float* att;                    // [M, H D] attention output
   float* gu;                     // [M, 2 inter] fused gate/up
   float* act;                    // [M, inter]
-  float* kc;                     // [L, R, Hkv, C, D] the cache's keys
-  float* vc;                     // [L, R, Hkv, C, D] and values
+  void* kc;                      // [L, R, Hkv, C, D] the cache's keys
+  void* vc;                      // [L, R, Hkv, C, D] and values
+  int64_t kv;                    // the cache's element type: 0 fp32, 1 bf16
   const uint8_t* embed;          // [vocab, hid] in embed_fmt
   int64_t embed_fmt;
   const float* norm;             // [hid] final norm
@@ -142,7 +143,9 @@ void residual(const SsPass& p, Clock& run, Part part, const float* a, int64_t K,
 // Decoder layer i on p.x in place.
 void layer(const SsPass& p, const SsLayer& w, int64_t i, Clock& run) {
   const int64_t M = p.M, hid = p.hid, H = p.H, Hkv = p.Hkv, D = p.D;
-  float *kc = p.kc + i * p.R * Hkv * p.C * D, *vc = p.vc + i * p.R * Hkv * p.C * D;
+  const int64_t elem = p.kv ? 2 : 4, per_layer = p.R * Hkv * p.C * D * elem;
+  void* kc = static_cast<char*>(p.kc) + i * per_layer;
+  void* vc = static_cast<char*>(p.vc) + i * per_layer;
   if (p.feats && p.feats[i]) run(NORMS, [&] { std::memcpy(p.feats[i], p.x, M * hid * sizeof(float)); });
   // 1. attention: norm -> fused QKV -> (q/k norm) RoPE + cache write -> attention -> o (+= residual)
   run(NORMS, [&] { ss_rmsnorm(p.x, w.attn_norm, M, hid, p.eps, p.hbuf); });
@@ -151,9 +154,9 @@ void layer(const SsPass& p, const SsLayer& w, int64_t i, Clock& run) {
   });
   run(ATTENTION, [&] {
     ss_rope_cache(p.qkv, w.cos, w.sin, p.rows, p.start, p.offsets, p.seq_of, p.pos, M, H, Hkv, p.C, D, w.q_norm,
-                  w.k_norm, p.eps, p.q, kc, vc);
+                  w.k_norm, p.eps, p.q, kc, vc, p.kv);
     ss_attention(p.q, kc, vc, p.rows, p.start, p.offsets, p.pos, p.parent, p.B, H, Hkv, p.C, D, p.scale, w.window,
-                 p.att);
+                 p.att, p.kv);
   });
   residual(p, run, O, p.att, H * D, w.o, w.o_fmt, w.post_attn_norm);
   // 2. feed-forward: norm -> fused gate/up -> silu (or gelu) * up -> down (+= residual)

@@ -36,6 +36,10 @@ from specserve.models.native.kernels import linear
 from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
+# The KV cache's element types (``kv``): fp32, or bf16 (half the bytes attention reads; keys and values
+# rounded to bf16 when written, read back exactly; see layer_ops.cpp).  The kernels' code for each.
+KV_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+KV_CODES = {"f32": 0, "bf16": 1}
 SCRATCH_KEPT = 64          # passes of at most this many tokens reuse their scratch buffers
 
 
@@ -137,10 +141,13 @@ class NativeTransformer(OnCpu, nn.Module):
     attention = "native"
     invariant_tokens = NO_LIMIT       # every kernel is invariant, whatever the pass holds
 
-    def __init__(self, cfg: ModelConfig, sd: dict, activations: str = "auto"):
+    def __init__(self, cfg: ModelConfig, sd: dict, activations: str = "auto", kv: str = "f32"):
         super().__init__()
         if activations not in ACTIVATIONS:
             raise ValueError(f"unknown activations {activations!r}; choose from {', '.join(ACTIVATIONS)}")
+        if kv not in KV_DTYPES:
+            raise ValueError(f"unknown kv {kv!r}; choose from {', '.join(KV_DTYPES)}")
+        self.kv = kv
         if cfg.head_dim % 8 or cfg.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"native kernels need head_dim a multiple of 8 and <= {MAX_HEAD_DIM}, got {cfg.head_dim}")
         if cfg.hidden_size % 8 or cfg.intermediate_size % 8:
@@ -220,7 +227,7 @@ class NativeTransformer(OnCpu, nn.Module):
     def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
-                       torch.float32, "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
+                       KV_DTYPES[self.kv], "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
 
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part into ``timer`` (None: stop timing): ss_forward times its own kernel
@@ -260,13 +267,14 @@ class NativeTransformer(OnCpu, nn.Module):
                             1 if last_only else max(lay.lengths))
 
     def _check_fits(self, lay: Layout, start: list[int], cache: KVCache) -> None:
-        """Refuse a pass past the cache or the rotary tables, on a non-fp32 cache, or with a tree
-        longer than the kernels hold."""
+        """Refuse a pass past the cache or the rotary tables, on a cache of another element type than
+        ``kv``, or with a tree longer than the kernels hold."""
         longest = max(lay.lengths)
         if max(s + n for s, n in zip(start, lay.lengths)) > min(cache.capacity, self.positions):
             raise ValueError(f"positions up to {max(start) + longest} exceed cache capacity {cache.capacity}")
-        if cache.k[0].dtype != torch.float32:
-            raise ValueError("the native runtime needs a float32 KV cache")
+        if cache.k[0].dtype != KV_DTYPES[self.kv]:
+            raise ValueError(f"this model runs kv={self.kv}: its KV cache holds {KV_DTYPES[self.kv]}, "
+                             f"not {cache.k[0].dtype} (use new_cache)")
         if lay.parents is not None and longest > MAX_TREE_TOKENS:
             raise ValueError(f"a tree pass holds at most {MAX_TREE_TOKENS} tokens per sequence, got {longest}")
 
@@ -320,6 +328,7 @@ class NativeTransformer(OnCpu, nn.Module):
             seq_of=p.seq_of.data_ptr(), pos=p.pos.data_ptr(), parent=_ptr(p.parents), logit_rows=_ptr(p.pick),
             x=p.x.data_ptr(), hbuf=p.hbuf.data_ptr(), qkv=p.qkv.data_ptr(), q=p.q.data_ptr(), att=p.att.data_ptr(),
             gu=p.gu.data_ptr(), act=p.act.data_ptr(), kc=cache.k_all.data_ptr(), vc=cache.v_all.data_ptr(),
+            kv=KV_CODES[self.kv],
             embed=self.embed.data.data_ptr(), embed_fmt=self.embed.fmt, norm=self.norm.data_ptr(),
             head=self.lm_head.data.data_ptr(), head_fmt=self.lm_head.fmt, logits=p.logits.data_ptr(),
             feats=_ptr(feats), layers=self._weights, part_seconds=seconds))

@@ -43,7 +43,7 @@ enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3, Q4_0 = 4, Q5_0 = 5, Q5_1 
 constexpr int PACKED = 16;
 // The library's interface version (ss_abi_version, SsPass::version; ABI_VERSION in abi.py): bumped
 // whenever an exported function's arguments or the structures ss_forward reads change.
-constexpr int64_t ABI_VERSION = 11;
+constexpr int64_t ABI_VERSION = 12;
 
 inline float h2f(const uint8_t* p) {
   uint16_t h;
