@@ -47,22 +47,22 @@ def main() -> int:
     from specserve.llm import LLM
     from specserve.models import RuntimeOptions
 
-    (new, ref), field = SETTINGS[args.compare], args.compare
-    llms = {a: LLM(args.model, RuntimeOptions(**{field: a}), max_batch=1, max_len=2048) for a in (new, ref)}
-    raw = llms[ref].tokenizer.hf.chat_template is None           # a base model's file may have no chat template
+    (new, base), field = SETTINGS[args.compare], args.compare
+    llms = {a: LLM(args.model, RuntimeOptions(**{field: a}), max_batch=1, max_len=2048) for a in (new, base)}
+    raw = llms[base].tokenizer.hf.chat_template is None           # a base model's file may have no chat template
     prompts, _ = sample(args.per_group)
-    ids = [llms[ref].encode(p.text, raw=raw) for p in prompts]
+    ids = [llms[base].encode(p.text, raw=raw) for p in prompts]
     # 1. greedy answers
     answers = {a: [llm.engine.generate([Request(x, args.max_tokens)])[0].tokens for x in ids] for a, llm in llms.items()}
-    same = sum(a == b for a, b in zip(answers[new], answers[ref]))
+    same = sum(a == b for a, b in zip(answers[new], answers[base]))
     first = [next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
-             for a, b in zip(answers[new], answers[ref])]
+             for a, b in zip(answers[new], answers[base])]
     diverged = [f for f in first if f is not None]
     # 2-3. teacher-forced against transformers
-    directory, gguf_file = llms[ref].target.tokenizer_source()
+    directory, gguf_file = llms[base].target.tokenizer_source()
     hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32).eval()
-    stats = {a: {"agree": 0, "positions": 0, "max_abs_diff": 0.0, "nll": 0.0, "nll_tokens": 0} for a in (new, ref, "hf")}
-    for x, ans in zip(ids, answers[ref]):
+    stats = {a: {"agree": 0, "positions": 0, "max_abs_diff": 0.0, "nll": 0.0, "nll_tokens": 0} for a in (new, base, "hf")}
+    for x, ans in zip(ids, answers[base]):
         seq = torch.tensor([x + ans])
         with torch.no_grad():
             ref = hf(seq).logits[0]
@@ -83,18 +83,18 @@ def main() -> int:
     llama = {}
     try:
         from specserve.bench.peers import llama_cpp_peer
-        run = llama_cpp_peer(llms[ref].target.path, 4)["llama.cpp"]
+        run = llama_cpp_peer(llms[base].target.path, 4)["llama.cpp"]
         theirs = [run(x, args.max_tokens)[0] for x in ids]
         llama = {a: sum(t == o for t, o in zip(theirs, answers[a])) for a in answers}
         llama[f"{new}_vs_llama_first_diff"] = [next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
                                               for a, b in zip(answers[new], theirs)]
     except ImportError as e:
         llama = {"skipped": f"llama-cpp-python not installed ({e})"}
-    doc = {"command": " ".join(["experiments/int8_accuracy.py", *sys.argv[1:]]), "model": llms[ref].target.path,
+    doc = {"command": " ".join(["experiments/int8_accuracy.py", *sys.argv[1:]]), "model": llms[base].target.path,
            "machine": platform.processor() or platform.machine(), "prompts": len(ids), "max_tokens": args.max_tokens,
            "date": time.strftime("%Y-%m-%d"),
-           "setting": field, "runs": [new, ref],
-           f"greedy_identical_{new}_vs_{ref}": same, "first_difference_positions": first,
+           "setting": field, "runs": [new, base],
+           f"greedy_identical_{new}_vs_{base}": same, "first_difference_positions": first,
            "median_first_difference": sorted(diverged)[len(diverged) // 2] if diverged else None,
            "teacher_forced": {a: {"top1_agreement_with_transformers": s["agree"] / s["positions"],
                                   "positions": s["positions"], "max_abs_logit_diff": s["max_abs_diff"],

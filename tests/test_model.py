@@ -117,8 +117,28 @@ def test_config_errors_are_one_line():
 
 def test_auto_picks_native_and_never_rewrites_an_explicit_choice():
     assert RuntimeOptions().resolve().kernels == "native"
-    assert RuntimeOptions(kernels="fbgemm").resolve() == RuntimeOptions("float32", "cpu", "fbgemm", "invariant")
+    assert RuntimeOptions(kernels="fbgemm").resolve() == RuntimeOptions("float32", "cpu", "fbgemm", "invariant",
+                                                                        kv="f32")
     assert RuntimeOptions(attention="sdpa").resolve().kernels == "fbgemm"
+
+
+def test_kv_setting():
+    """kv: auto is the stated default on the native runtime, an explicit choice is kept, bf16 off
+    the native runtime and unknown names are refused with the reason; the cache follows it."""
+    from specserve.models.loader import DEFAULT_KV
+    assert RuntimeOptions().resolve().kv == DEFAULT_KV
+    assert RuntimeOptions(kv="bf16").resolve().kv == "bf16"
+    assert RuntimeOptions(kv="f32").resolve().kv == "f32"
+    with pytest.raises(SpecserveError, match="kv=bf16 needs kernels=native"):
+        RuntimeOptions(kernels="fbgemm", kv="bf16").resolve()
+    with pytest.raises(SpecserveError, match="unknown kv 'int4'"):
+        RuntimeOptions(kv="int4").resolve()
+    lm = tiny_model(seed=1, kv="bf16")
+    cache = lm.model.new_cache(1, 16)
+    assert cache.k_all.dtype == torch.bfloat16 and cache.v_all.dtype == torch.bfloat16
+    other = tiny_model(seed=1, kv="f32")
+    with pytest.raises(ValueError, match="runs kv=f32"):
+        other.model(torch.tensor([[1, 2]]), cache, [0], [0])
 
 
 @pytest.mark.parametrize("kernels", ["native", "native-int8", "fbgemm"])
@@ -243,10 +263,12 @@ def test_tree_pass_equals_chain_pass_and_decoding(kernels):
             assert same(tree[b, path], torch.stack(steps))
 
 
-def test_compacting_an_accepted_path_gives_the_chain_cache():
-    """After a tree pass, moving one path's entries together (KVCache.compact) leaves exactly the
-    cache a chain pass over that path writes, so the next token's logits are the same bits."""
-    lm = tiny_model(seed=9, vocab=64)
+@pytest.mark.parametrize("kv", ["f32", "bf16"])
+def test_compacting_an_accepted_path_gives_the_chain_cache(kv):
+    """After a tree pass, moving one path's entries together (KVCache.compact, on the native slot
+    moves) leaves exactly the cache a chain pass over that path writes, so the next token's logits
+    are the same bits; with either KV cache type."""
+    lm = tiny_model(seed=9, vocab=64, kv=kv)
     m = lm.model
     prompt = torch.randint(0, 64, (1, 21), generator=torch.Generator().manual_seed(4))
     tokens = torch.tensor([[5, 9, 3, 7, 1, 2]])
@@ -261,6 +283,25 @@ def test_compacting_an_accepted_path_gives_the_chain_cache():
         assert torch.equal(k[0, :, :25], k[1, :, :25]) and torch.equal(v[0, :, :25], v[1, :, :25])
     nxt = torch.tensor([[11]])
     assert torch.equal(m(nxt, cache, [0], [25]).logits, m(nxt, cache, [1], [25]).logits)
+
+
+def test_native_slot_moves_equal_tensor_indexing():
+    """KVCache.compact's native moves against the tensor indexing it replaces, on caches of both
+    element types: random increasing paths from slot 0, rows other than the moved one untouched."""
+    from specserve.models.native.kernels import move_slots
+    g = torch.Generator().manual_seed(12)
+    for dtype in (torch.float32, torch.bfloat16):
+        for _ in range(20):
+            cache = torch.randn(3, 4, 2, 32, 8, generator=g).to(dtype)
+            n = int(torch.randint(2, 12, (1,), generator=g))
+            path = [0] + sorted(torch.randperm(15, generator=g)[:n - 1].add(1).tolist())
+            start, row = int(torch.randint(0, 16, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+            moves = [(start + i, start + p) for i, p in enumerate(path) if p != i]
+            ref = cache.clone()
+            layers = ref[:, row]
+            layers[:, :, [d for d, _ in moves]] = layers[:, :, [s for _, s in moves]]
+            move_slots(cache, row, [d for d, _ in moves], [s for _, s in moves])
+            assert torch.equal(cache, ref)
 
 
 @pytest.mark.parametrize("kernels", ["native", "torch"])

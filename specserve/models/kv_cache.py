@@ -14,13 +14,19 @@ verification pass padded to the longest draft in the batch never writes out of r
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+# Moves entries within one row of a [layers, rows, kv_heads, capacity, head_dim] tensor:
+# (cache, row, dst slots, src slots), dst[i] taking src[i] in order; a runtime's own kernel.
+SlotMover = Callable[[torch.Tensor, int, list, list], None]
 
 
 class KVCache:
     def __init__(self, num_layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, block: int = 64, slack: int = 64,
-                 zeroed: bool = True):
+                 zeroed: bool = True, move_slots: SlotMover | None = None):
         self.max_len = max_len                      # longest sequence a row may hold
         self.capacity = -(-(max_len + slack) // block) * block
         shape = (rows, kv_heads, self.capacity, head_dim)
@@ -34,6 +40,7 @@ class KVCache:
         self.v_all = alloc((num_layers, *shape), dtype=dtype, device=device)
         self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
         self.lengths = [0] * rows                   # valid positions per row; set by the engine
+        self.move_slots = move_slots                # the runtime's kernel for compact (None: tensor indexing)
 
     @property
     def rows(self) -> int:
@@ -54,6 +61,10 @@ class KVCache:
         moves nothing.  Example: start 10, path [0, 1, 3] moves slot 13 to slot 12."""
         moves = [(start + i, start + p) for i, p in enumerate(path) if p != i]
         if not moves:
+            return
+        if self.move_slots is not None:                # the runtime's kernel: no tensor built
+            for cache in (self.k_all, self.v_all):
+                self.move_slots(cache, row, [d for d, _ in moves], [s for _, s in moves])
             return
         dst = torch.tensor([d for d, _ in moves], device=self.k_all.device)
         src = torch.tensor([s for _, s in moves], device=self.k_all.device)

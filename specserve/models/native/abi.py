@@ -70,6 +70,7 @@ SIGNATURES = {
     "ss_add": ([_P, _P, _I64], None),
     "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),
     "ss_mask_rows": ([_P, _I64, _I64, _P, _I64, _I64], None),
+    "ss_move_slots": ([_P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64], None),
     "ss_greedy_verify": ([_P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P], None),
     "ss_scale": ([_P, _F32, _I64], None),
     "ss_set_threads": ([_I32], _I32),

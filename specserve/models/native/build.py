@@ -30,9 +30,10 @@ BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
 SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
            HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA,
            HERE / "q8_vnni512.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+           HERE / "q8_vnni512w.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
-OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
-HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_entry.h"]
+OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
+HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 

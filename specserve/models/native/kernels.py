@@ -57,7 +57,21 @@ def greedy_verify(x: torch.Tensor, offsets: list[int], tokens: list[list[int]],
     return [(path[first[i]:first[i] + accepted[i]].tolist(), final[i]) for i in range(b)]
 
 
+def move_slots(cache: torch.Tensor, row: int, dst: list[int], src: list[int]) -> None:
+    """cache: a contiguous CPU [L, R, Hkv, C, D] KV tensor: in row ``row``, every layer's and head's
+    slot dst[i] takes slot src[i]'s entry, in order (``KVCache.compact``)."""
+    if cache.device.type != "cpu" or cache.dim() != 5 or not cache.is_contiguous():
+        raise ValueError("move_slots takes a contiguous CPU cache [L, R, Hkv, C, D]")
+    n_layers, rows, hkv, cap, d = cache.shape
+    if not 0 <= row < rows or any(not 0 <= x < cap for x in dst + src) or len(dst) != len(src):
+        raise ValueError("move_slots: a row or slot outside the cache")
+    to, frm = array("q", dst or [0]), array("q", src or [0])          # kept referenced through the call
+    library().ss_move_slots(cache.data_ptr(), n_layers, rows, hkv, cap, d, cache.element_size(), row,
+                            _addr(to), _addr(frm), len(dst))
+
+
 def _addr(a: array) -> int:
+    """An array's buffer address (the caller keeps the array referenced while the kernel runs)."""
     return a.buffer_info()[0]
 
 

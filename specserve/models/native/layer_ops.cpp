@@ -344,6 +344,20 @@ void ss_add(float* x, const float* y, int64_t n) {
   for (; i < n; ++i) x[i] += y[i];
 }
 
+// A cache [L, R, Hkv, C, D] of elem-byte entries (either kind): in row `row`, for every layer and
+// kv head, slot dst[i] takes slot src[i]'s entry, i = 0 .. n-1 in order (an accepted tree path moved
+// together; KVCache.compact).
+void ss_move_slots(void* cache, int64_t L, int64_t R, int64_t Hkv, int64_t C, int64_t D, int64_t elem, int64_t row,
+                   const int64_t* dst, const int64_t* src, int64_t n) {
+  char* base = static_cast<char*>(cache);
+  const int64_t entry = D * elem;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      char* slots = base + (((l * R + row) * Hkv + h) * C) * entry;
+      for (int64_t i = 0; i < n; ++i) std::memmove(slots + dst[i] * entry, slots + src[i] * entry, entry);
+    }
+}
+
 // x *= s, [n] (Gemma's scaled embeddings).
 void ss_scale(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;

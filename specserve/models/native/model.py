@@ -32,7 +32,7 @@ from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
 from specserve.models.native.build import library
 from specserve.models.native.formats import F16, Q4_0, Q5_0, BlockWeight, NativeWeight
-from specserve.models.native.kernels import linear
+from specserve.models.native.kernels import linear, move_slots
 from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
@@ -227,7 +227,7 @@ class NativeTransformer(OnCpu, nn.Module):
     def new_cache(self, rows: int, max_len: int, slack: int = 64) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_layers, rows, cfg.num_kv_heads, max_len, cfg.head_dim,
-                       KV_DTYPES[self.kv], "cpu", block=KEY_BLOCK, slack=slack, zeroed=False)
+                       KV_DTYPES[self.kv], "cpu", block=KEY_BLOCK, slack=slack, zeroed=False, move_slots=move_slots)
 
     def set_timer(self, timer: PartTimer | None) -> None:
         """Time later passes by part into ``timer`` (None: stop timing): ss_forward times its own kernel

@@ -15,7 +15,7 @@ import torch
 from specserve.models.native import FORMAT_NAMES, Q8_0, BlockWeight, NativeWeight, library
 
 PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
-PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2}
+PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2, "avx512-vnni-512": 3}
 ACTIVATIONS = ("auto", "int8", "f32")
 
 

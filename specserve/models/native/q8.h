@@ -3,7 +3,7 @@
 // output rows (see PACKED LAYOUT below) with integer dot products.
 //
 // Included once per instruction-set path (SS_Q8_PATH: 0 AVX2, 1 AVX512-VNNI on 256-bit registers,
-// 2 AVX-VNNI), each time compiled with that path's flags; everything here has internal linkage so the
+// 2 AVX-VNNI, 3 AVX512-VNNI on 512-bit registers: q8_wide.h), each time compiled with that path's flags; everything here has internal linkage so the
 // paths never share a compiled function (a shared inline helper built with AVX-512 flags could
 // otherwise be picked by the linker for the AVX2 path).
 //
@@ -133,7 +133,7 @@ constexpr bool kPairSums16 = SS_Q8_PAIR16 && SS_Q8_PATH == 0;   // faster there;
 // the sign trick) and y (signed, |y| <= 127).
 template <class P>
 inline __m256i dot4(__m256i acc, __m256i w, __m256i y) {
-#if SS_Q8_PATH == 1
+#if SS_Q8_PATH == 1 || SS_Q8_PATH == 3
   return _mm256_dpbusd_epi32(acc, w, y);
 #elif SS_Q8_PATH == 2
   return _mm256_dpbusd_avx_epi32(acc, w, y);
@@ -277,7 +277,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
 // same bits).  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
 // 1-4 tokens, where one weight stream per thread reads fastest.
 #ifndef SS_Q8_MB
-#define SS_Q8_MB (SS_Q8_PATH == 1 ? 8 : 4)
+#define SS_Q8_MB (SS_Q8_PATH == 1 || SS_Q8_PATH == 3 ? 8 : 4)
 #endif
 constexpr int MB_MAX = SS_Q8_MB;
 

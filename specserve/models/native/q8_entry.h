@@ -14,6 +14,9 @@ int SS_Q8_COMPILED() { return 0; }
 }
 #else
 #include "q8.h"
+#if SS_Q8_PATH == 3
+#include "q8_wide.h"
+#endif
 
 #ifdef SS_Q8_COMPILED
 extern "C" int SS_Q8_COMPILED() { return 1; }
@@ -24,7 +27,13 @@ extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, co
                             int accumulate, int threads) {
   const Act a{q, d, sx, hs, K, K / 32};
   // the packed formats: 16 + the GGUF format's id (simd.h)
-  with_format(fmt - 16, [&](auto p) { packed_linear<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads); });
+  with_format(fmt - 16, [&](auto p) {
+#if SS_Q8_PATH == 3
+    packed_linear_wide<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads);
+#else
+    packed_linear<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads);
+#endif
+  });
 }
 
 // Seconds for every thread to run `iters` rounds of 8 independent chains of this path's 32-multiply-add
@@ -40,12 +49,27 @@ extern "C" double SS_Q8_PEAK(int64_t iters, int threads, int32_t* sink) {
       a[r] = _mm256_set1_epi32(r);
       w[r] = _mm256_set1_epi8(static_cast<char>(r + 1));
     }
+#if SS_Q8_PATH == 3     // 512-bit steps, twice the work each: half the rounds
+    __m512i z[8], zw[8];
+    for (int r = 0; r < 8; ++r) {
+      z[r] = _mm512_set1_epi32(r);
+      zw[r] = _mm512_set1_epi8(static_cast<char>(r + 1));
+    }
+    __m512i zy = _mm512_set1_epi8(-2);
+    for (int64_t it = 0; it < iters / 2; ++it) {
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) z[r] = _mm512_dpbusd_epi32(z[r], zw[r], zy);
+      __asm__ volatile("" : "+v"(zy));
+    }
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_add_epi32(a[r], _mm512_castsi512_si256(z[r]));
+#else
     __m256i y = _mm256_set1_epi8(-2);
     for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) a[r] = dot4<PQ4_1>(a[r], w[r], y);
       __asm__ volatile("" : "+x"(y));
     }
+#endif
     __m256i t = a[0];
     for (int r = 1; r < 8; ++r) t = _mm256_add_epi32(t, a[r]);
     sink[omp_get_thread_num()] = _mm256_extract_epi32(t, 0);

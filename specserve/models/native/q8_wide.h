@@ -1,0 +1,160 @@
+// The int8 products on 512-bit registers (SS_Q8_PATH 3, AVX512-VNNI): two row groups of q8.h's packed
+// layout side by side, 16 output rows in the 16 lanes of one register, so each vpdpbusd does twice
+// the work of the 256-bit paths' (on CPUs whose 512-bit units are not split in two halves).
+//
+// THE SAME BITS.  Lanes 0-7 hold group g's rows and lanes 8-15 group g+1's, each lane computing the
+// exact integer block sums of q8.h and then the same float sequence per output element (over blocks
+// in increasing order: fma(float(I), dw * dx, acc), then the offset term, then bias / accumulate), so
+// every output equals the 256-bit paths' bit for bit.  Groups are taken in pairs; an odd last group
+// runs on q8.h's 256-bit tile.
+//
+// Included by q8_entry.h after q8.h, for path 3 only.
+
+#pragma once
+
+namespace {
+
+// Two 256-bit halves as one register: lo in lanes 0-7, hi in 8-15.
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 join(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// Step s's value bytes of two blocks (groups g and g+1), as the multiply reads them.
+template <class P>
+inline __m512i step_values2(const uint8_t* b0, const uint8_t* b1, int s) {
+  if constexpr (P::bits == 8) {
+    return join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * s)),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * s)));
+  } else {
+    const __m512i raw = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * (s & 3))),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * (s & 3))));
+    const __m512i v = s < 4 ? raw : _mm512_srli_epi16(raw, 4);
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+  }
+}
+
+template <class P>
+inline __m512i unbias2(__m512i raw, int32_t qsum) {
+  if constexpr (P::bias == 0) return raw;
+  return _mm512_sub_epi32(raw, _mm512_set1_epi32(P::bias * qsum));
+}
+
+// MB tokens x the 16 output rows of groups g, g+1 (q8.h's tile, two groups wide).
+template <class P, int MB>
+inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t m0, float* y, int64_t N,
+                  const float* bias, bool accumulate) {
+  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>(), BB = block_bytes<P>();
+  __m512 acc[MB];
+#pragma GCC unroll 10
+  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* b0 = w + g * gstride + b * BB;
+    const uint8_t* b1 = b0 + gstride;
+    for (int l = 0; l < BB; l += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(b0 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b1 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
+    }
+    const int8_t* x = a.q + m0 * a.K + b * 32;
+    __m512i I[MB], odd[MB], half[MB];
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) I[i] = odd[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      const __m512i wv = step_values2<P>(b0, b1, s);
+#pragma GCC unroll 10
+      for (int i = 0; i < MB; ++i) {
+        const __m512i yb = _mm512_set1_epi32(load4(x + i * a.K + 4 * s));
+        if (s & 1) odd[i] = _mm512_dpbusd_epi32(odd[i], wv, yb);
+        else I[i] = _mm512_dpbusd_epi32(I[i], wv, yb);
+      }
+      if (P::halves && s == 3) {
+#pragma GCC unroll 10
+        for (int i = 0; i < MB; ++i) {
+          half[i] = _mm512_add_epi32(I[i], odd[i]);
+          I[i] = odd[i] = _mm512_setzero_si512();
+        }
+      }
+    }
+    const __m512 dw = join(scales8(b0 + VB, P::f16), scales8(b1 + VB, P::f16));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (P::min) mw = join(scales8(b0 + VB + SB, P::f16), scales8(b1 + VB + SB, P::f16));
+    __m512i sc0 = _mm512_setzero_si512(), sc1 = _mm512_setzero_si512();
+    if constexpr (P::halves) {
+      auto eight = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
+      sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB), eight(b1 + VB + SB)));
+      sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB + 8), eight(b1 + VB + SB + 8)));
+    }
+#pragma GCC unroll 10
+    for (int i = 0; i < MB; ++i) {
+      const int64_t ab = (m0 + i) * a.nb + b;
+      __m512i sum = _mm512_add_epi32(I[i], odd[i]);
+      if constexpr (P::halves) {
+        const __m512i lo = unbias2<P>(half[i], a.hs[2 * ab]), hi = unbias2<P>(sum, a.hs[2 * ab + 1]);
+        sum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc0), _mm512_mullo_epi32(hi, sc1));
+      } else {
+        sum = unbias2<P>(sum, a.hs[2 * ab] + a.hs[2 * ab + 1]);
+      }
+      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[ab]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, acc[i]);
+      if constexpr (P::min) acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.sx[ab]), acc[i]);
+    }
+  }
+  const int64_t n0 = g * 8;
+#pragma GCC unroll 10
+  for (int i = 0; i < MB; ++i) {
+    float* dst = y + (m0 + i) * N + n0;
+    if (n0 + 16 <= N) {
+      __m512 v = acc[i];
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n0));
+      if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+      _mm512_storeu_ps(dst, v);
+    } else {
+      float t[16];
+      _mm512_storeu_ps(t, acc[i]);
+      for (int64_t r = 0; r < N - n0; ++r) {
+        float v = t[r];
+        if (bias) v += bias[n0 + r];
+        dst[r] = accumulate ? dst[r] + v : v;
+      }
+    }
+  }
+}
+
+// All M tokens against groups g, g+1, in q8.h's runs of near-equal size.
+template <class P>
+inline void tokens_tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
+                         const float* bias, bool acc) {
+  const int64_t runs = (M + MB_MAX - 1) / MB_MAX;
+  int64_t m = 0;
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t size = (M - m) / (runs - r);
+    switch (size) {
+      case 1: tile2<P, 1>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 2: tile2<P, 2>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 3: tile2<P, 3>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 4: tile2<P, 4>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 5: tile2<P, 5>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 6: tile2<P, 6>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 7: tile2<P, 7>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 8: tile2<P, 8>(w, gstride, g, a, m, y, N, bias, acc); break;
+      default: break;
+    }
+    m += size;
+  }
+}
+
+// Every token against every group, groups in pairs split over the threads (an odd last group on the
+// 256-bit tile).
+template <class P>
+void packed_linear_wide(const Act& a, int64_t M, const uint8_t* w, int64_t N, const float* bias, float* y, bool acc,
+                        int threads) {
+  const int64_t groups = (N + 7) / 8, pairs = groups / 2, gstride = a.nb * block_bytes<P>();
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t k = 0; k <= pairs; ++k) {
+    if (k < pairs) tokens_tile2<P>(w, gstride, 2 * k, a, M, y, N, bias, acc);
+    else if (groups % 2) tokens_tile<P>(w, gstride, groups - 1, a, M, y, N, bias, acc);
+  }
+}
+
+}  // namespace
