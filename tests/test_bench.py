@@ -211,7 +211,11 @@ def test_bench_steps_counts_decoding_steps_by_phase(tiny_cli, tmp_path, capsys):
     for m in (plain, ngram):
         assert set(m["times"]) == set(TIMERS) and min(m["times"].values()) >= 0 and m["times"]["pass_s"] > 0
         assert sum(m["times"].values()) <= m["wall_s"]
-    assert lines[0].startswith("none ") and " 14 steps  1.14 tok/step | ms per step: draft " in lines[0]
+        # decoding steps alone (no prompt chunk); their time outside the pass is part of the wall time
+        assert 0 < m["decode_steps"] <= m["steps"] and 0 < m["outside_s"] < m["wall_s"] - m["times"]["pass_s"]
+    assert plain["decode_steps"] == 2 * 7
+    assert lines[0].startswith("none ") and " 14 steps  1.14 tok/step  outside the pass " in lines[0]
+    assert " ms | ms per step: draft " in lines[0]
     assert lines[1].startswith("ngram:k=3 ") and f" {ngram['steps']} steps " in lines[1] and " rest " in lines[1]
 
 

@@ -3,8 +3,9 @@
 Methods are interleaved prompt by prompt (``datasets.rotation``), and every drafter's memory across
 requests is emptied before each request.  Each decoding step's ``StepReport`` adds its phases'
 seconds (``stats.TIMERS``) to its method's; a step that only carried prompt chunks is not counted.
-Per method: tokens per second over the requests' wall time, steps, tokens per step, and per step
-each phase and the rest (prefill, admission, Python around the steps), in milliseconds.
+Per method: tokens per second over the requests' wall time, steps, tokens per step, the mean
+decoding step's time outside its pass (the step's wall time less the pass), and per step each phase
+and the rest (prefill, admission, Python around the steps), in milliseconds.
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ def _run_one(llm, ids: list[int], max_tokens: int, label: str, k, acc: dict) -> 
     t0 = time.perf_counter()
     sid = eng.admit(llm.request(ids, max_tokens, SamplingParams(), label, k))
     while eng.num_running:
+        s0 = time.perf_counter()
         eng.step()
+        wall = time.perf_counter() - s0
         report = eng.last_step
         if report.sequences:
             acc["times"].add(report)
             acc["steps"] += 1
+            if not report.prefill_tokens:          # a decoding step alone: its time outside the pass
+                acc["decode_steps"] += 1
+                acc["outside_s"] += wall - report.pass_s
     acc["tokens"] += len(eng.take_result(sid).tokens)
     acc["wall_s"] += time.perf_counter() - t0
 
@@ -58,7 +64,8 @@ def run_steps(cfg: StepsConfig, options=None) -> dict:
     ids = encode_all(llm, [p.text for p in prompts])
     for m in methods:                                                   # warm-up
         llm.engine.generate([llm.request(ids[0][:32], 8, SamplingParams(), m.label, m.k)])
-    acc = {m.label: {"times": Timings(), "wall_s": 0.0, "steps": 0, "tokens": 0} for m in methods}
+    acc = {m.label: {"times": Timings(), "wall_s": 0.0, "steps": 0, "tokens": 0, "decode_steps": 0, "outside_s": 0.0}
+           for m in methods}
     for i, pid in enumerate(ids):
         for m in (methods[j] for j in rotation(len(methods), i)):
             llm.reset_memory()
@@ -68,12 +75,16 @@ def run_steps(cfg: StepsConfig, options=None) -> dict:
 
 
 def render_steps(doc: dict) -> list[str]:
-    """One line per method: tok/s, steps, tokens per step, then ms per step by phase and the rest."""
+    """One line per method: tok/s, steps, tokens per step, the mean decoding step's milliseconds
+    outside its pass (every line of ``Engine.step`` but the pass: steps that also carried a prompt
+    chunk left out), then ms per step by phase and the rest."""
     lines = []
     for label, m in doc["methods"].items():
         n = max(m["steps"], 1)
         rest = m["wall_s"] - sum(m["times"].values())
         parts = " ".join(f"{k.removesuffix('_s')} {v / n * 1e3:.2f}" for k, v in m["times"].items())
+        outside = m.get("outside_s", 0.0) / max(m.get("decode_steps", 0), 1)
         lines.append(f"{label:<42} {m['tokens'] / m['wall_s']:6.1f} tok/s  {m['steps']} steps  "
-                     f"{m['tokens'] / n:.2f} tok/step | ms per step: {parts} rest {rest / n * 1e3:.2f}")
+                     f"{m['tokens'] / n:.2f} tok/step  outside the pass {outside * 1e3:.2f} ms | ms per step: "
+                     f"{parts} rest {rest / n * 1e3:.2f}")
     return lines
