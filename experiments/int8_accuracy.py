@@ -4,7 +4,7 @@ both): greedy text, next-token agreement and logit differences against transform
 perplexity, and greedy agreement with llama.cpp.
 
     .venv/bin/python experiments/int8_accuracy.py OUT.json [--compare activations|kv] [--model default]
-        [--per-group 10] [--max-tokens 64]
+        [--per-group 10] [--max-tokens 64] [--no-llama-cpp]
 
 1. Greedy answers to Spec-Bench prompts (``--per-group`` of each group, chat template unless the
    model has none) under the two settings: how many are identical, and where the first differing
@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--model", default="default")
     ap.add_argument("--compare", choices=sorted(SETTINGS), default="activations")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="leave out part 4")
     ap.add_argument("--per-group", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
@@ -82,6 +83,8 @@ def main() -> int:
     # 4. llama.cpp
     llama = {}
     try:
+        if args.no_llama_cpp:
+            raise ImportError("--no-llama-cpp")
         from specserve.bench.peers import llama_cpp_peer
         run = llama_cpp_peer(llms[base].target.path, 4)["llama.cpp"]
         theirs = [run(x, args.max_tokens)[0] for x in ids]
