@@ -27,10 +27,10 @@ HERE = Path(__file__).parent
 # Each source with the instruction sets it is compiled for: the base set everywhere, and the int8
 # kernels' VNNI paths (q8.h) in files of their own, called only where the CPU has them.
 BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
+VNNI512_ISA = BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
            HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA,
-           HERE / "q8_vnni512.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
-           HERE / "q8_vnni512w.cpp": BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+           HERE / "q8_vnni512.cpp": VNNI512_ISA, HERE / "q8_vnni512w.cpp": VNNI512_ISA,
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
 OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
 HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h"]

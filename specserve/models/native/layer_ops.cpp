@@ -276,7 +276,7 @@ void attention(const float* q, const T* kc, const T* vc, const int64_t* rows, co
           shared = j0 + KEY_CHUNK < end ? j0 + KEY_CHUNK : end;
           if (shared > j0) widen(vb + j0 * D, (shared - j0) * D, vwide);
         }
-        const KeyPath<float> vw{vwide - j0 * D, D, s0, nullptr};       // row j: widened key j
+        const KeyPath<float> vw{kWide ? vwide - j0 * D : nullptr, D, s0, nullptr};   // row j: widened key j
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t j1 = j0 + KEY_CHUNK < n[i] ? j0 + KEY_CHUNK : n[i];
           if (j0 >= j1 || j1 <= lo[i]) continue;

@@ -302,16 +302,18 @@ class NativeTransformer(OnCpu, nn.Module):
         reads or writes them, and every entry is written before it is read.  The results (logits,
         features) are new for every pass, since callers keep them."""
         key = (threading.get_ident(), m)
-        if key not in self._scratch:
-            if len(self._scratch) >= 16 or m > SCRATCH_KEPT:
+        if key in self._scratch:
+            return self._scratch[key]
+        cfg = self.config
+        hid, h, hkv, d, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        work = dict(x=torch.empty(m, hid), hbuf=torch.empty(m, hid), qkv=torch.empty(m, (h + 2 * hkv) * d),
+                    q=torch.empty(m, h * d), att=torch.empty(m, h * d), gu=torch.empty(m, 2 * inter),
+                    act=torch.empty(m, inter))
+        if m <= SCRATCH_KEPT:
+            if len(self._scratch) >= 16:
                 self._scratch.clear()
-            cfg = self.config
-            hid, h, hkv, d, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-            self._scratch[key] = dict(x=torch.empty(m, hid), hbuf=torch.empty(m, hid),
-                                      qkv=torch.empty(m, (h + 2 * hkv) * d),
-                                      q=torch.empty(m, h * d), att=torch.empty(m, h * d),
-                                      gu=torch.empty(m, 2 * inter), act=torch.empty(m, inter))
-        return self._scratch[key]
+            self._scratch[key] = work
+        return work
 
     def _run(self, p: _Pass, cache: KVCache, seconds: "ctypes.Array | None") -> None:
         """The whole pass in one foreign call: the Python lock is taken once (see forward.cpp);

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #ifndef SS_Q8_PATH
 #error "define SS_Q8_PATH before including q8.h"
@@ -214,6 +215,15 @@ inline void block_sums(const uint8_t* blk, const Act& a, int64_t m0, int64_t b, 
   }
 }
 
+// The last, padded group's n outputs t[0 .. n) into dst: + bias (where given), + dst (accumulating).
+inline void store_tail(const float* t, int64_t n, const float* bias, bool accumulate, float* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    float v = t[r];
+    if (bias) v += bias[r];
+    dst[r] = accumulate ? dst[r] + v : v;
+  }
+}
+
 // MB tokens (rows m0.. of the activations) x the 8 output rows of group g.  y rows have stride N;
 // rows past N (the padded group's) are not written.
 template <class P, int MB>
@@ -264,11 +274,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
     } else {
       float t[8];
       _mm256_storeu_ps(t, acc[i]);
-      for (int64_t r = 0; r < N - n0; ++r) {
-        float v = t[r];
-        if (bias) v += bias[n0 + r];
-        dst[r] = accumulate ? dst[r] + v : v;
-      }
+      store_tail(t, N - n0, bias ? bias + n0 : nullptr, accumulate, dst);
     }
   }
 }
@@ -281,28 +287,34 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
 #endif
 constexpr int MB_MAX = SS_Q8_MB;
 
-// All M tokens against group g, in runs of at most MB_MAX tokens of near-equal size (9 tokens:
-// 5 + 4, not 8 + 1), so no run is left to read the weights for one token.
-template <class P>
-inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
-                        const float* bias, bool acc) {
+// Runs of at most MB_MAX tokens of near-equal size covering M tokens (9 tokens: 5 + 4, not 8 + 1), so
+// no run is left to read the weights for one token: f(std::integral_constant<int, size>, first token).
+template <class F>
+inline void token_runs(int64_t M, F&& f) {
   const int64_t runs = (M + MB_MAX - 1) / MB_MAX;
   int64_t m = 0;
   for (int64_t r = 0; r < runs; ++r) {
     const int64_t size = (M - m) / (runs - r);
     switch (size) {
-      case 1: tile<P, 1>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 2: if constexpr (MB_MAX >= 2) tile<P, 2>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 3: if constexpr (MB_MAX >= 3) tile<P, 3>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 4: if constexpr (MB_MAX >= 4) tile<P, 4>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 5: if constexpr (MB_MAX >= 5) tile<P, 5>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 6: if constexpr (MB_MAX >= 6) tile<P, 6>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 7: if constexpr (MB_MAX >= 7) tile<P, 7>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 8: if constexpr (MB_MAX >= 8) tile<P, 8>(w, gstride, g, a, m, y, N, bias, acc); break;
+      case 1: f(std::integral_constant<int, 1>{}, m); break;
+      case 2: if constexpr (MB_MAX >= 2) f(std::integral_constant<int, 2>{}, m); break;
+      case 3: if constexpr (MB_MAX >= 3) f(std::integral_constant<int, 3>{}, m); break;
+      case 4: if constexpr (MB_MAX >= 4) f(std::integral_constant<int, 4>{}, m); break;
+      case 5: if constexpr (MB_MAX >= 5) f(std::integral_constant<int, 5>{}, m); break;
+      case 6: if constexpr (MB_MAX >= 6) f(std::integral_constant<int, 6>{}, m); break;
+      case 7: if constexpr (MB_MAX >= 7) f(std::integral_constant<int, 7>{}, m); break;
+      case 8: if constexpr (MB_MAX >= 8) f(std::integral_constant<int, 8>{}, m); break;
       default: break;
     }
     m += size;
   }
+}
+
+// All M tokens against group g, in token_runs.
+template <class P>
+inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
+                        const float* bias, bool acc) {
+  token_runs(M, [&](auto mb, int64_t m) { tile<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, bias, acc); });
 }
 
 // Every token against every group: the groups split over the threads, each running all tokens (so a

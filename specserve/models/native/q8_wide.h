@@ -112,36 +112,16 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
     } else {
       float t[16];
       _mm512_storeu_ps(t, acc[i]);
-      for (int64_t r = 0; r < N - n0; ++r) {
-        float v = t[r];
-        if (bias) v += bias[n0 + r];
-        dst[r] = accumulate ? dst[r] + v : v;
-      }
+      store_tail(t, N - n0, bias ? bias + n0 : nullptr, accumulate, dst);
     }
   }
 }
 
-// All M tokens against groups g, g+1, in q8.h's runs of near-equal size.
+// All M tokens against groups g, g+1, in q8.h's token_runs.
 template <class P>
 inline void tokens_tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
                          const float* bias, bool acc) {
-  const int64_t runs = (M + MB_MAX - 1) / MB_MAX;
-  int64_t m = 0;
-  for (int64_t r = 0; r < runs; ++r) {
-    const int64_t size = (M - m) / (runs - r);
-    switch (size) {
-      case 1: tile2<P, 1>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 2: tile2<P, 2>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 3: tile2<P, 3>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 4: tile2<P, 4>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 5: tile2<P, 5>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 6: tile2<P, 6>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 7: tile2<P, 7>(w, gstride, g, a, m, y, N, bias, acc); break;
-      case 8: tile2<P, 8>(w, gstride, g, a, m, y, N, bias, acc); break;
-      default: break;
-    }
-    m += size;
-  }
+  token_runs(M, [&](auto mb, int64_t m) { tile2<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, bias, acc); });
 }
 
 // Every token against every group, groups in pairs split over the threads (an odd last group on the
