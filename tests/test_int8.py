@@ -13,6 +13,7 @@ from specserve.errors import SpecserveError
 from specserve.models import RuntimeOptions
 from specserve.models import native as nt
 from specserve.models.native import packed as pk
+from specserve.models.native.paths import ATTENTION
 from test_native import BLOCKS, K_QUANTS, make_weight
 
 pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt.build._cpu_flags(),
@@ -122,23 +123,29 @@ def test_a_path_the_cpu_lacks_is_refused():
 @pytest.mark.parametrize("kv", ["f32", "bf16"])
 def test_whole_model_passes_same_bits_on_every_path(kv):
     """A tiny Q4_1 / Q8_0 model, with each KV cache type: a 9-token verification pass beside another
-    sequence, on each path the CPU runs and at 1 thread, equals one-token decoding on the AVX2 path at
-    the default threads."""
+    sequence, on each int8 and attention path the CPU runs and at 1 thread, equals one-token decoding
+    on the AVX2 paths at the default threads."""
     lm = tiny_model(seed=4, vocab=64, kernels="native-int8", kv=kv)
     m = lm.model
     g = torch.Generator().manual_seed(0)
     prompt, cont = torch.randint(0, 64, (1, 40), generator=g), torch.randint(0, 64, (1, 9), generator=g)
     pk.set_path("avx2")
+    ATTENTION.set("avx2")
     c = m.new_cache(2, 128)
     m(prompt, c, [0], [0])
     ref = torch.stack([m(cont[:, i:i + 1], c, [0], [40 + i]).logits[0, 0] for i in range(9)])
-    for path in ["avx2", *[p for p in OTHER_PATHS if pk.path_runs(p)]]:
-        pk.set_path(path)
-        c = m.new_cache(2, 128)
-        m(prompt, c, [1], [0])
-        m(torch.randint(0, 64, (1, 17), generator=g), c, [0], [0])
-        out = m(torch.cat([cont, cont[:, :5].repeat(1, 2)[:, :9]]), c, [1, 0], [40, 17]).logits
-        assert torch.equal(out[0], ref), path
+    attention = [a for a in ATTENTION.names if ATTENTION.runs(a)]
+    try:
+        for path, att in itertools.product(["avx2", *[p for p in OTHER_PATHS if pk.path_runs(p)]], attention):
+            pk.set_path(path)
+            ATTENTION.set(att)
+            c = m.new_cache(2, 128)
+            m(prompt, c, [1], [0])
+            m(torch.randint(0, 64, (1, 17), generator=g), c, [0], [0])
+            out = m(torch.cat([cont, cont[:, :5].repeat(1, 2)[:, :9]]), c, [1, 0], [40, 17]).logits
+            assert torch.equal(out[0], ref), (path, att)
+    finally:
+        ATTENTION.set(None)
     m.set_threads(1)
     try:
         c = m.new_cache(1, 128)

@@ -10,6 +10,7 @@ import torch
 from gguf import quants
 
 from specserve.models import native as nt
+from specserve.models.native.paths import ATTENTION
 
 # Only a CPU without the instructions excuses these tests; a failing build fails them.
 pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt.build._cpu_flags(),
@@ -136,10 +137,11 @@ VC = torch.randn(ROWS_N, HKV, CAP, D, generator=G)
 
 
 def run_attention(q, rows, start, t, parents=None, window=0, kc=None, vc=None):
-    """ss_attention over KC/VC (or kc/vc: fp32 or bf16 caches of their shape): rows/start per row, t
-    tokens per row, optional parents [B*T] and sliding window."""
+    """ss_attention over KC/VC (or kc/vc: fp32 or bf16 caches [R, Hkv, C, D] of any shape; q: [B*T, H, D]):
+    rows/start per row, t tokens per row, optional parents [B*T] and sliding window."""
     kc = KC if kc is None else kc
     vc = VC if vc is None else vc
+    heads, (_, hkv, cap, d) = q.shape[1], kc.shape
     out = torch.empty_like(q)
     rows_t, start_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(start, dtype=torch.int64)
     if parents is None:
@@ -154,7 +156,7 @@ def run_attention(q, rows, start, t, parents=None, window=0, kc=None, vc=None):
     pos = (start_t.repeat_interleave(t) + depth).contiguous()
     offsets = torch.arange(len(rows) + 1, dtype=torch.int64) * t
     nt.library().ss_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), rows_t.data_ptr(), start_t.data_ptr(),
-                              offsets.data_ptr(), pos.data_ptr(), par_ptr, len(rows), H, HKV, CAP, D, D ** -0.5,
+                              offsets.data_ptr(), pos.data_ptr(), par_ptr, len(rows), heads, hkv, cap, d, d ** -0.5,
                               window, out.data_ptr(), int(kc.dtype == torch.bfloat16))
     return out
 
@@ -268,6 +270,39 @@ def test_sliding_window_attention_sees_the_window_only_bit_for_bit(window):
         low = start + depth[t] - window + 1
         tkeys.append([x for x in range(start) if x >= low] + [start + u for u in path if start + depth[u] >= low])
     assert (tree.double() - reference_attention(qt, KC, VC, [1], tkeys, H // HKV)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [16, 24, 64])
+def test_every_attention_path_gives_the_avx2_bits(kv, d):
+    """The AVX-512 path against the AVX2 path, bit for bit: chains of 1..17 tokens in two rows (groups
+    of 3..51 queries per kv head: whole quads, partial ones at each query's last keys, odd queries
+    alone), with and without a sliding window, and a tree (a shared cached prefix, then each node's
+    own path).  d = 24 is not a multiple of 16: every query runs alone there."""
+    if not ATTENTION.runs("avx512"):
+        pytest.skip("this CPU cannot run the avx512 attention path: its bits are not checked on this machine")
+    g = torch.Generator().manual_seed(d)
+    heads, hkv, cap = 6, 2, 96
+    kc, vc = torch.randn(3, hkv, cap, d, generator=g).to(kv), torch.randn(3, hkv, cap, d, generator=g).to(kv)
+    cases = [(torch.randn(2 * t, heads, d, generator=g), [2, 0], [20, 41], t, None, w)
+             for t in (1, 2, 3, 5, 9, 17) for w in (0, 7)]
+    cases.append((torch.randn(7, heads, d, generator=g), [1], [29], 7, [-1, 0, 0, 1, 1, 2, 4], 0))
+    try:
+        for q, rows, start, t, parents, window in cases:
+            ATTENTION.set("avx2")
+            want = run_attention(q, rows, start, t, parents, window, kc, vc)
+            ATTENTION.set("avx512")
+            assert torch.equal(run_attention(q, rows, start, t, parents, window, kc, vc), want), (t, window, parents)
+    finally:
+        ATTENTION.set(None)
+
+
+def test_an_attention_path_is_chosen_and_named():
+    assert ATTENTION.runs("avx2") and ATTENTION.current() in ATTENTION.names
+    assert ATTENTION.set(None) == ATTENTION.current()
+    if not ATTENTION.runs("avx512"):
+        with pytest.raises(ValueError, match="cannot run the attention path 'avx512'"):
+            ATTENTION.set("avx512")
 
 
 @pytest.mark.slow        # it runs the (missing) compiler, and the library is rebuilt after it: subprocesses

@@ -37,7 +37,9 @@ def roofline(lm: LoadedModel) -> dict:
            "plain_decoding_ceiling_tok_s": bw / wb, "multiply_adds_per_s": macs, "runtime": vars(lm.options)}
     if native:
         from specserve.models.native import packed
-        out |= {"int8_multiply_adds_per_s": packed.int8_peak(), "int8_path": packed.current_path()}
+        from specserve.models.native.paths import ATTENTION
+        out |= {"int8_multiply_adds_per_s": packed.int8_peak(), "int8_path": packed.current_path(),
+                "attention_path": ATTENTION.current()}
     activations = getattr(lm.model, "activations", "f32")
     runs = out["int8_multiply_adds_per_s"] if activations == "int8" else macs
     return out | {"activations": activations,

@@ -335,6 +335,8 @@ def _ceilings(r: dict) -> str:
     text = f" Measured multiply-add ceilings (every core): fp32 {r['multiply_adds_per_s'] / 1e9:.1f} G/s (AVX2+FMA)"
     if "int8_multiply_adds_per_s" in r:
         text += f", int8 {r['int8_multiply_adds_per_s'] / 1e9:.1f} G/s ({r['int8_path']})"
+    if "attention_path" in r:
+        text += f"; attention on the {r['attention_path']} path"
     return text + (f"; with {r.get('activations', 'f32')} activations the compute-bound ceiling is "
                    f"{r['compute_ceiling_tok_s']:.0f} tok/s, {r['compute_ms_per_token']:.2f} ms per token of a pass at the least.")
 

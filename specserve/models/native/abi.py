@@ -14,7 +14,7 @@ import ctypes
 from specserve.models.decoder import PARTS
 
 ABI_VERSION = 12          # ABI_VERSION in simd.h
-MAX_TREE_TOKENS = 256     # longest tree pass per row (MAX_TREE_TOKENS in layer_ops.cpp)
+MAX_TREE_TOKENS = 256     # longest tree pass per row (MAX_TREE_TOKENS in attention.h)
 
 _I64, _P, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 
@@ -66,6 +66,9 @@ SIGNATURES = {
     "ss_rope_cache": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _F32, _P, _P, _P, _I64],
                       None),
     "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P, _I64], None),
+    "ss_attention_path_runs": ([_I32], _I32),
+    "ss_attention_set_path": ([_I32], _I32),
+    "ss_attention_path": ([], _I32),
     "ss_gelu_tanh_mul": ([_P, _I64, _I64, _P], None),
     "ss_add": ([_P, _P, _I64], None),
     "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),

@@ -29,11 +29,13 @@ HERE = Path(__file__).parent
 BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
 VNNI512_ISA = BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
-           HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA,
+           HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA, HERE / "attention.cpp": BASE_ISA,
+           HERE / "attention_avx512.cpp": BASE_ISA + ["-mavx512f"],
            HERE / "q8_vnni512.cpp": VNNI512_ISA, HERE / "q8_vnni512w.cpp": VNNI512_ISA,
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
-OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_avxvnni.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
-HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h"]
+OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_avxvnni.cpp", HERE / "attention_avx512.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
+HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h",
+           HERE / "attention.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -111,7 +113,7 @@ def _compile_all(cxx: str, tmp: str) -> list[str]:
     for proc, src in jobs:
         _, err = proc.communicate()
         if proc.returncode != 0 and src in OPTIONAL:       # an older compiler: this path is left out
-            proc = subprocess.run([cxx, *FLAGS, *BASE_ISA, "-DSS_Q8_STUB", "-c", str(src), "-o",
+            proc = subprocess.run([cxx, *FLAGS, *BASE_ISA, "-DSS_Q8_STUB", "-DSS_ATT_STUB", "-c", str(src), "-o",
                                    f"{tmp}/{src.stem}.o"], capture_output=True, text=True)
             err = proc.stderr
         if proc.returncode != 0:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from specserve.models.native import FORMAT_NAMES, Q8_0, BlockWeight, NativeWeight, library
+from specserve.models.native.paths import INT8
 
 PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
-PATHS = {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2, "avx512-vnni-512": 3}
+PATHS = INT8.codes
 ACTIVATIONS = ("auto", "int8", "f32")
 
 
@@ -72,21 +73,17 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def path_runs(name: str) -> bool:
     """Whether this CPU runs the int8 path ``name`` (one of PATHS)."""
-    return bool(library().ss_q8_path_runs(PATHS[name]))
+    return INT8.runs(name)
 
 
 def set_path(name: str | None) -> str:
     """Use the int8 path ``name`` for later passes (None: the best this CPU runs); returns the one in
     use.  Paths give the same bits; this only changes speed."""
-    code = library().ss_q8_set_path(-1 if name is None else PATHS[name])
-    if code < 0:
-        raise ValueError(f"this CPU cannot run the int8 path {name!r}")
-    return current_path()
+    return INT8.set(name)
 
 
 def current_path() -> str:
-    code = int(library().ss_q8_path())
-    return next(k for k, v in PATHS.items() if v == code)
+    return INT8.current()
 
 
 def int8_peak(seconds: float = 0.3) -> float:

@@ -20,6 +20,10 @@
 //   rmsnorm, rope + cache write, silu*mul, embedding gather: elementwise or per-row, fixed order.
 //
 // Compiled with -ffp-contract=off so that what is written is what runs.
+//
+// The helpers below have internal linkage (an unnamed namespace): a source compiled with extra
+// instruction sets (attention_avx512.cpp) gets its own copies, so the linker can never hand an AVX2
+// source a copy built with AVX-512 instructions.
 
 #pragma once
 
@@ -36,7 +40,10 @@ namespace ss {
 // Threads each parallel region uses (0: OpenMP's default).  Threads only decide which output
 // elements are computed together, never how one is computed, so this changes speed, not bits.
 inline int g_threads = 0;
+
+namespace {
 inline int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+}  // namespace
 
 enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3, Q4_0 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
 // A weight packed for int8 activations (q8.h) has format PACKED + the GGUF format it came from.
@@ -44,6 +51,11 @@ constexpr int PACKED = 16;
 // The library's interface version (ss_abi_version, SsPass::version; ABI_VERSION in abi.py): bumped
 // whenever an exported function's arguments or the structures ss_forward reads change.
 constexpr int64_t ABI_VERSION = 12;
+
+// The cache's bf16 element: an fp32's top 16 bits (layer_ops.cpp writes them, attention.h reads them).
+using bf16 = uint16_t;
+
+namespace {
 
 inline float h2f(const uint8_t* p) {
   uint16_t h;
@@ -95,4 +107,5 @@ inline float hmax(__m256 v) {  // max is exact: order does not matter
   return _mm_cvtss_f32(_mm_max_ss(a, _mm_shuffle_ps(a, a, 1)));
 }
 
+}  // namespace
 }  // namespace ss
