@@ -168,9 +168,15 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
+// Whether a tile of MB tokens runs odd and even steps in two chains of integer sums (shorter
+// dependencies) or, when so many tokens give independent chains enough and registers are short, one.
+// Integer sums are exact, so both give the same sums.
+template <int MB>
+constexpr bool kTwoChains = MB <= 8;
+
 // The exact integer sums of one block for MB tokens against one group's 8 rows: I[i] (lane r: row r)
 // is sum_k w[r, k] qx_i[k] (Q6_K: half[i] the first 16 elements', I[i] the second's), before the
-// bias correction.  Odd and even steps run in two chains (shorter dependencies; the same sums).
+// bias correction (see kTwoChains).
 template <class P, int MB>
 inline void block_sums(const uint8_t* blk, const Act& a, int64_t m0, int64_t b, __m256i* I, __m256i* half) {
   const int8_t* x = a.q + m0 * a.K + b * 32;                   // token i's block: x + i * a.K
@@ -178,39 +184,39 @@ inline void block_sums(const uint8_t* blk, const Act& a, int64_t m0, int64_t b, 
     // 4-bit values: vpmaddubsw pair sums (<= 2 * 15 * 127) added in int16 over the block's 8 steps
     // (<= 30480, no saturation), widened once: the same exact sums with one multiply per step.
     __m256i p16[MB];
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) p16[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       const __m256i wv = step_values<P>(blk, s);
-#pragma GCC unroll 10
+#pragma GCC unroll 16
       for (int i = 0; i < MB; ++i)
         p16[i] = _mm256_add_epi16(p16[i], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(load4(x + i * a.K + 4 * s))));
     }
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) I[i] = _mm256_madd_epi16(p16[i], _mm256_set1_epi16(1));
   } else {
     __m256i odd[MB];
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) I[i] = odd[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       const __m256i wv = prepare<P>(step_values<P>(blk, s));
-#pragma GCC unroll 10
+#pragma GCC unroll 16
       for (int i = 0; i < MB; ++i) {
         const __m256i yb = _mm256_set1_epi32(load4(x + i * a.K + 4 * s));
-        if (s & 1) odd[i] = dot4<P>(odd[i], wv, yb);
+        if (kTwoChains<MB> && (s & 1)) odd[i] = dot4<P>(odd[i], wv, yb);
         else I[i] = dot4<P>(I[i], wv, yb);
       }
       if (P::halves && s == 3) {      // Q6_K: the first half's sums, kept apart for their own scale
-#pragma GCC unroll 10
+#pragma GCC unroll 16
         for (int i = 0; i < MB; ++i) {
           half[i] = _mm256_add_epi32(I[i], odd[i]);
           I[i] = odd[i] = _mm256_setzero_si256();
         }
       }
     }
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) I[i] = _mm256_add_epi32(I[i], odd[i]);
   }
 }
@@ -231,7 +237,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
                  const float* bias, bool accumulate) {
   constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>();
   __m256 acc[MB];
-#pragma GCC unroll 10
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = w + g * gstride + b * block_bytes<P>();
@@ -247,7 +253,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
       sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB)));
       sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB + 8)));
     }
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
       const int64_t ab = (m0 + i) * a.nb + b;
       __m256i I;
@@ -263,7 +269,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
     }
   }
   const int64_t n0 = g * 8;
-#pragma GCC unroll 10
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) {
     float* dst = y + (m0 + i) * N + n0;
     if (n0 + 8 <= N) {
@@ -280,10 +286,11 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
 }
 
 // Tokens per run of a tile: AVX2 has 16 vector registers, the AVX-512 paths 32 (any number gives the
-// same bits).  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
+// same bits); the 512-bit path's tiles of up to 12 tokens run one chain of sums (kTwoChains), so a
+// 9-token verification pass reads and unpacks each block once, not in runs of 5 + 4.  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
 // 1-4 tokens, where one weight stream per thread reads fastest.
 #ifndef SS_Q8_MB
-#define SS_Q8_MB (SS_Q8_PATH == 1 || SS_Q8_PATH == 3 ? 8 : 4)
+#define SS_Q8_MB (SS_Q8_PATH == 3 ? 12 : SS_Q8_PATH == 1 ? 8 : 4)
 #endif
 constexpr int MB_MAX = SS_Q8_MB;
 
@@ -304,6 +311,10 @@ inline void token_runs(int64_t M, F&& f) {
       case 6: if constexpr (MB_MAX >= 6) f(std::integral_constant<int, 6>{}, m); break;
       case 7: if constexpr (MB_MAX >= 7) f(std::integral_constant<int, 7>{}, m); break;
       case 8: if constexpr (MB_MAX >= 8) f(std::integral_constant<int, 8>{}, m); break;
+      case 9: if constexpr (MB_MAX >= 9) f(std::integral_constant<int, 9>{}, m); break;
+      case 10: if constexpr (MB_MAX >= 10) f(std::integral_constant<int, 10>{}, m); break;
+      case 11: if constexpr (MB_MAX >= 11) f(std::integral_constant<int, 11>{}, m); break;
+      case 12: if constexpr (MB_MAX >= 12) f(std::integral_constant<int, 12>{}, m); break;
       default: break;
     }
     m += size;

@@ -46,7 +46,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
                   const float* bias, bool accumulate) {
   constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>(), BB = block_bytes<P>();
   __m512 acc[MB];
-#pragma GCC unroll 10
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* b0 = w + g * gstride + b * BB;
@@ -57,19 +57,19 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
     }
     const int8_t* x = a.q + m0 * a.K + b * 32;
     __m512i I[MB], odd[MB], half[MB];
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) I[i] = odd[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       const __m512i wv = step_values2<P>(b0, b1, s);
-#pragma GCC unroll 10
+#pragma GCC unroll 16
       for (int i = 0; i < MB; ++i) {
         const __m512i yb = _mm512_set1_epi32(load4(x + i * a.K + 4 * s));
-        if (s & 1) odd[i] = _mm512_dpbusd_epi32(odd[i], wv, yb);
+        if (kTwoChains<MB> && (s & 1)) odd[i] = _mm512_dpbusd_epi32(odd[i], wv, yb);
         else I[i] = _mm512_dpbusd_epi32(I[i], wv, yb);
       }
       if (P::halves && s == 3) {
-#pragma GCC unroll 10
+#pragma GCC unroll 16
         for (int i = 0; i < MB; ++i) {
           half[i] = _mm512_add_epi32(I[i], odd[i]);
           I[i] = odd[i] = _mm512_setzero_si512();
@@ -85,7 +85,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
       sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB), eight(b1 + VB + SB)));
       sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB + 8), eight(b1 + VB + SB + 8)));
     }
-#pragma GCC unroll 10
+#pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
       const int64_t ab = (m0 + i) * a.nb + b;
       __m512i sum = _mm512_add_epi32(I[i], odd[i]);
@@ -101,7 +101,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
     }
   }
   const int64_t n0 = g * 8;
-#pragma GCC unroll 10
+#pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) {
     float* dst = y + (m0 + i) * N + n0;
     if (n0 + 16 <= N) {
