@@ -286,11 +286,11 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
 }
 
 // Tokens per run of a tile: AVX2 has 16 vector registers, the AVX-512 paths 32 (any number gives the
-// same bits); the 512-bit path's tiles of up to 12 tokens run one chain of sums (kTwoChains), so a
+// same bits); the AVX512-VNNI paths' tiles of up to 12 tokens run one chain of sums (kTwoChains), so a
 // 9-token verification pass reads and unpacks each block once, not in runs of 5 + 4.  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
 // 1-4 tokens, where one weight stream per thread reads fastest.
 #ifndef SS_Q8_MB
-#define SS_Q8_MB (SS_Q8_PATH == 3 ? 12 : SS_Q8_PATH == 1 ? 8 : 4)
+#define SS_Q8_MB (SS_Q8_PATH == 1 || SS_Q8_PATH == 3 ? 12 : 4)
 #endif
 constexpr int MB_MAX = SS_Q8_MB;
 
