@@ -64,6 +64,20 @@ void rope_cache(const float* qkv, const float* cos, const float* sin, const int6
   }
 }
 
+// out[m, i] = act(gate[m, i]) * up[m, i] for gu = [M, 2I] (gate | up), 8 elements at a time
+// (I a multiple of 8), split over the threads when the work is large enough to pay for waking
+// them; every element is the same operations wherever it is computed.
+template <class Act>
+void gated(const float* gu, int64_t M, int64_t I, float* out, Act act) {
+  const int64_t per_row = I / 8;
+#pragma omp parallel for schedule(static) num_threads(threads()) if (M * I >= 4096)
+  for (int64_t k = 0; k < M * per_row; ++k) {
+    const int64_t m = k / per_row, i = 8 * (k % per_row);
+    const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i), u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+    _mm256_storeu_ps(out + m * I + i, _mm256_mul_ps(act(g), u));
+  }
+}
+
 }  // namespace
 }  // namespace ss
 
@@ -78,24 +92,26 @@ void ss_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps,
 
 // gu: [M, 2I] (gate | up) -> out: [M, I] = silu(gate) * up.
 void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i), u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
-      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
-      _mm256_storeu_ps(out + m * I + i, _mm256_mul_ps(s, u));
-    }
+  gated(gu, M, I, out, [](__m256 g) {
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+  });
 }
 
 // gu: [M, 2I] (gate | up) -> out: [M, I] = gelu_tanh(gate) * up, with
-// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's MLP), element by element.
+// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma's MLP), element by element,
+// tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp8(-2 |y|) (no cancellation near 0 worth a bit of
+// the result: 1 + tanh is what the gate uses).
 void ss_gelu_tanh_mul(const float* gu, int64_t M, int64_t I, float* out) {
-  const float c = 0.7978845608028654f, a = 0.044715f;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; ++i) {
-      const float g = gu[m * 2 * I + i], u = gu[m * 2 * I + I + i];
-      out[m * I + i] = 0.5f * g * (1.0f + std::tanh(c * (g + a * g * g * g))) * u;
-    }
+  gated(gu, M, I, out, [](__m256 g) {
+    const __m256 c = _mm256_set1_ps(0.7978845608028654f), a = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(a, g), g), g);
+    const __m256 y = _mm256_mul_ps(c, _mm256_add_ps(g, cube));
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, y)));
+    const __m256 t = _mm256_or_ps(_mm256_and_ps(sign, y),
+                                  _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, t));
+  });
 }
 
 // x += y, [n] (a residual add after a post-norm).
