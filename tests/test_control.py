@@ -302,6 +302,10 @@ def test_cost_model_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):
     measure.cost_model(tiny_model(seed=3, vocab=64, layers=1).model, 16, key)
     assert calls == [16, 64, 16]                                                   # damaged: measured again
     assert measure.identity(str(tmp_path / "missing.gguf"), a.options, a.model) is None
+    if a.model.kernel == "native":                     # new kernel sources: new timings, measured again
+        from specserve.models.native import build
+        monkeypatch.setattr(build, "build_key", lambda: "other sources")
+        assert measure.identity(str(weights), a.options, a.model) != key
 
 
 def test_an_engine_measures_at_construction_never_in_a_step(target, monkeypatch):

@@ -83,16 +83,26 @@ def _cpu() -> str:
     return f"{cpu.name}|{' '.join(cpu.flags)}|{cpu.cores}"
 
 
+def _kernels(model) -> str:
+    """The native kernel library's build key for a model on the native kernels, else ''."""
+    if getattr(model, "kernel", None) != "native":
+        return ""
+    from specserve.models.native.build import build_key
+    return build_key()
+
+
 def identity(path: str, options, model) -> str | None:
     """The disk key of a target: its weights file (path, size, modification time), runtime options,
-    compute threads, CPU and library versions; None when the weights are not a file or folder on
-    disk (a model built in memory is measured afresh)."""
+    compute threads, CPU, library versions and, on the native kernels, the sources they were built
+    from; None when the weights are not a file or folder on disk (a model built in memory is measured
+    afresh)."""
     p = Path(path)
     if not p.exists():
         return None
     st = p.stat()
     parts = [VERSION, str(p.resolve()), st.st_size, st.st_mtime_ns, repr(options),
-             repr(getattr(model, "thread_choices", lambda: ())()), _cpu(), torch.__version__, platform.python_version()]
+             repr(getattr(model, "thread_choices", lambda: ())()), _cpu(), torch.__version__, platform.python_version(),
+             _kernels(model)]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 

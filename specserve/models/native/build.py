@@ -72,12 +72,19 @@ def library() -> ctypes.CDLL:
     """Build (once per source/flags/compiler) and load the kernel library, its interface checked
     and its functions' signatures set (``abi.bind``)."""
     cxx = _compiler()
-    target = cache_dir() / f"specserve_kernels_{_build_key(cxx)}.so"
+    target = cache_dir() / f"specserve_kernels_{build_key()}.so"
     if not target.is_file():
         _build(cxx, target)
     lib = ctypes.CDLL(str(target))
     bind(lib, str(target))
     return lib
+
+
+@lru_cache(maxsize=1)
+def build_key() -> str:
+    """The hash naming the kernel library these sources build (what a cache of measurements taken
+    with the kernels must be keyed by: new kernels, new timings)."""
+    return _build_key(_compiler())
 
 
 def _build_key(cxx: str) -> str:
