@@ -72,7 +72,7 @@ def library() -> ctypes.CDLL:
     """Build (once per source/flags/compiler) and load the kernel library, its interface checked
     and its functions' signatures set (``abi.bind``)."""
     cxx = _compiler()
-    target = cache_dir() / f"specserve_kernels_{build_key()}.so"
+    target = cache_dir() / f"specserve_kernels_{_build_key(cxx)}.so"
     if not target.is_file():
         _build(cxx, target)
     lib = ctypes.CDLL(str(target))
@@ -80,13 +80,13 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-@lru_cache(maxsize=1)
 def build_key() -> str:
     """The hash naming the kernel library these sources build (what a cache of measurements taken
     with the kernels must be keyed by: new kernels, new timings)."""
     return _build_key(_compiler())
 
 
+@lru_cache(maxsize=4)
 def _build_key(cxx: str) -> str:
     """The library's name in the cache: a hash of the sources with their flags, the headers, the
     common flags and the compiler's version."""
@@ -114,9 +114,12 @@ def _build(cxx: str, target: Path) -> None:
 def _compile_all(cxx: str, tmp: str) -> list[str]:
     """Every source compiled (in parallel) to an object file in ``tmp``; an optional source the
     compiler cannot build with its extra flags is built as a stub whose path is never chosen."""
-    jobs = [(subprocess.Popen([cxx, *FLAGS, *isa, f"-I{HERE}", "-c", str(src), "-o", f"{tmp}/{src.stem}.o"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src)
-            for src, isa in SOURCES.items()]
+    try:
+        jobs = [(subprocess.Popen([cxx, *FLAGS, *isa, f"-I{HERE}", "-c", str(src), "-o", f"{tmp}/{src.stem}.o"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src)
+                for src, isa in SOURCES.items()]
+    except OSError as e:
+        raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from None
     for proc, src in jobs:
         _, err = proc.communicate()
         if proc.returncode != 0 and src in OPTIONAL:       # an older compiler: this path is left out
