@@ -93,6 +93,20 @@ def test_time_shares_and_records_from_before_the_timers():
     assert cells[-8:] == ["10", "-", "-", "10", "-", "-", "-", "0/2"]    # draft, size, pass, verify, shape, commit, other
 
 
+def test_turns_cover_every_prompt_and_share_out_the_orders():
+    from specserve.bench.datasets import turns
+    # 30 prompts at concurrency 4: three chunks of at least 8, each method order once per chunk
+    plan = turns(30, 4, 2)
+    assert [list(range(30))[p] for p, _ in plan] == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+    assert [o for _, o in plan] == [[0, 1], [1, 0], [0, 1]]
+    # one chunk only (30 prompts at 16): every prompt twice, A B then B A
+    plan = turns(30, 16, 2)
+    assert [(p.start, p.stop) for p, _ in plan] == [(0, 30), (0, 30)] and [o for _, o in plan] == [[0, 1], [1, 0]]
+    # a single method runs its prompts once, and so does every method without ``repeat``
+    assert [(p.start, p.stop) for p, _ in turns(30, 16, 1)] == [(0, 30)]
+    assert [(p.start, p.stop) for p, _ in turns(30, 16, 2, repeat=False)] == [(0, 30)]
+
+
 def test_prompt_file_categories_are_the_groups(tmp_path):
     from specserve.bench.datasets import sample
     from specserve.errors import SpecserveError

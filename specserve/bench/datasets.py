@@ -74,9 +74,16 @@ def rotation(k: int, i: int) -> list[int]:
     return [*range(i % k, k), *range(i % k)]
 
 
-def turns(n: int, level: int, k: int) -> list[tuple[slice, list[int]]]:
+def turns(n: int, level: int, k: int, repeat: bool = True) -> list[tuple[slice, list[int]]]:
     """Prompts 0..n-1 cut into chunks of at least 2 x ``level`` (so a closed loop at that
-    concurrency fills up), each with the order its k methods run in (``rotation``)."""
-    chunks = max(1, n // (2 * level))
+    concurrency fills up), each with the order its k methods run in (``rotation``).  Prompts that
+    make only one chunk run twice with ``repeat``, the second time in the next order (two methods:
+    A B B A), so a slow spell of the machine does not fall on one method alone (the caller empties
+    drafters' memory across requests before a repeated turn, or the second run would recall the
+    first's text)."""
+    chunks = n // (2 * level)
+    if chunks < 2 and repeat:
+        return [(slice(0, n), rotation(k, c)) for c in range(2 if k > 1 else 1)]
+    chunks = max(chunks, 1)
     size = -(-n // chunks)
     return [(slice(c * size, (c + 1) * size), rotation(k, c)) for c in range(chunks)]

@@ -100,7 +100,7 @@ def bench_endpoint(url: str, model: str, prompts: list, max_tokens: int, levels:
     rows: dict[tuple[int, int], dict] = {}
     for c in levels:
         got: list[tuple[list[dict], float]] = [([], 0.0) for _ in variants]
-        for part, order in turns(len(prompts), c, len(variants)):
+        for part, order in turns(len(prompts), c, len(variants), repeat=False):
             for v in order:
                 results, wall = asyncio.run(_run(url, model, prompts[part], max_tokens, c, variants[v][1],
                                                  per_prompt[part] if per_prompt else None))

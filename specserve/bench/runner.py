@@ -299,7 +299,8 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
     """Every method through an engine of ``level`` rows, closed loop (drafters with memory across
     requests start empty unless ``warm``).  The prompts are cut into chunks of at least 2 x level,
     and the methods take turns chunk by chunk (in a rotated order), so that a slow spell of a shared
-    machine falls on every method alike.  Returns per method its records and the wall seconds of
+    machine falls on every method alike; prompts that make one chunk run twice (``datasets.turns``),
+    drafters' memory emptied before each run.  Returns per method its records and the wall seconds of
     its runs."""
     greedy = SamplingParams()
     # the same drafter objects as at concurrency 1 (the oracle keeps its look-ahead); each engine
@@ -310,9 +311,12 @@ def _concurrency_level(llm, methods: list[Method], ids: list[list[int]], level: 
     if not warm:
         _fresh(llm, memory)
     out: dict[str, tuple[list[dict], float]] = {m.label: ([], 0.0) for m in methods}
-    plan = turns(len(ids), level, len(methods))
+    plan = turns(len(ids), level, len(methods), repeat=not warm)     # warm drafters would recall a repeat
+    repeated = len({(p.start, p.stop) for p, _ in plan}) < len(plan)
     for c, (part, order) in enumerate(plan):
         for m in (methods[j] for j in order):
+            if repeated:
+                _fresh(llm, memory)          # the same prompts again: nothing learnt from their first run
             t = time.perf_counter()
             recs = [r.stats.to_dict() for r in engines[m.label].generate(
                 [llm.request(ids[i], max_tokens, sampling(i), m.label, m.k, grammar=grammar[i] if m.grammar else None)
