@@ -1,5 +1,5 @@
 """Command line: ``specserve generate``, ``serve`` (its flags and command: ``specserve.server.command``),
-``bench`` (its subcommands: ``specserve.bench.cli``), ``profile``, ``train`` and ``export``.
+``bench`` (its subcommands: ``specserve.bench.cli``), ``profile``, ``train``, ``export`` and ``make-model``.
 
 Drafters are named by spec (``name[:option=value]...``, see ``specserve.drafters.registry``); their
 options, defaults and default draft lengths come from the registry, never from this file.
@@ -38,7 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     from specserve.export import add_parser as add_export_parser
     add_export_parser(sub)
+    _make_model_parser(sub.add_parser("make-model", help="write a GGUF of random weights in a real model's shape "
+                                                         "(to measure speed at that size)"))
     return parser
+
+
+def _make_model_parser(m: argparse.ArgumentParser) -> None:
+    from specserve.models.make import FILE_TYPES
+    from specserve.models.shapes import SHAPES
+    m.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}")
+    m.add_argument("--quant", required=True, help=f"one of {', '.join(FILE_TYPES)} (llama.cpp's per-tensor mix)")
+    m.add_argument("--out", required=True, help="the .gguf file to write")
+    m.add_argument("--seed", type=int, default=0, help="the weights' seed (the same seed writes the same file)")
+    m.add_argument("--layers", type=int, default=None, help="fewer (or more) layers than the shape has")
 
 
 def _generate_parser(g: argparse.ArgumentParser) -> None:
@@ -301,6 +313,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_make_model(args: argparse.Namespace) -> int:
+    import time
+
+    from specserve.models.make import make_model
+    from specserve.models.shapes import shape_named
+    shape = shape_named(args.shape, args.layers)
+    t = time.perf_counter()
+    size = make_model(shape, args.quant, args.out, args.seed)
+    print(f"{args.out}: random-weight {shape.name} ({shape.layers} layers), {args.quant}, {size / 2**20:.0f} MiB "
+          f"in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
@@ -312,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve,
                 "profile": cmd_profile, "advise": cmd_advise, "train": cmd_train,
-                "export": cmd_export}[args.command](args)
+                "export": cmd_export, "make-model": cmd_make_model}[args.command](args)
     except SpecserveError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2

@@ -81,6 +81,11 @@ class GGUFFile:
         self.data_start = start = -(-self._pos // align) * align
         self.tensors = [self._tensor(name, dims, ttype, start + offset) for name, dims, ttype, offset in infos]
 
+    def raw_field(self, key: str) -> bytes:
+        """A field's bytes as the file holds them (key, type and value): to copy it into another file."""
+        begin, end = self.field_spans[key]
+        return bytes(self._buf[begin:end])
+
     # ---- the layout ---------------------------------------------------------------------------
 
     def _scalar(self, fmt: str):
