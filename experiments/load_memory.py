@@ -1,6 +1,7 @@
 """Time to load a GGUF file and the memory it then holds, ours against llama.cpp's, each in a fresh
 process (so neither finds the other's pages): seconds from the call to a model ready for a pass, and
-the process's resident memory after loading and after one short greedy generation.
+the process's resident memory after loading and after one short greedy generation.  The file is read
+once first, so both load it from the page cache (a first read from disk would time the disk).
 
     .venv/bin/python experiments/load_memory.py FILE.gguf [FILE.gguf ...]
 """
@@ -35,6 +36,9 @@ print(json.dumps({"which": which, "load_s": load, "rss_after_load_mib": after_lo
 for path in sys.argv[1:]:
     import os
     size = os.path.getsize(path) / 2**20
+    with open(path, "rb") as f:           # into the page cache, for both
+        while f.read(1 << 24):
+            pass
     for which in ("ours", "llama.cpp"):
         out = subprocess.run([sys.executable, "-c", CHILD, path, which], capture_output=True, text=True)
         if out.returncode:

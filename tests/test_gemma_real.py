@@ -45,14 +45,17 @@ def plain(llm, prompts):
 
 
 def test_the_file_runs_k_quants_natively(llm):
-    """Every matrix runs as int8 products over its own block format (packed), none as fp32 rows."""
-    from specserve.models.native.packed import PACKED
+    """Every matrix runs as int8 products over its own block format (packed; the fused QKV of Q5_0 q
+    and k beside a Q8_0 v as those parts side by side), none as fp32 rows."""
+    from specserve.models.native.packed import MIXED, PACKED
 
     layer = llm.target.model.layers[0]
     assert llm.target.options.kernels == "native" and llm.target.options.batch_invariant
     assert llm.target.model.activations == "int8"
     blocks = {PACKED + f for f in (nt.Q4_0, nt.Q5_0, nt.Q8_0, nt.Q4_K, nt.Q5_K, nt.Q6_K)}
-    assert {w.fmt for w in layer.weights()} <= blocks and llm.target.model.lm_head.fmt in blocks
+    ws = [p for w in layer.weights() for p in (w.parts if w.fmt == MIXED else [w])]
+    assert {w.fmt for w in ws} <= blocks and llm.target.model.lm_head.fmt in blocks
+    assert layer.qkv.fmt == MIXED and [p.fmt - PACKED for p in layer.qkv.parts] == [nt.Q5_0, nt.Q5_0, nt.Q8_0]
     assert llm.target.config.layer_window(0) == 512 and llm.target.config.layer_window(5) == 0
 
 

@@ -111,6 +111,43 @@ def test_every_instruction_set_gives_the_avx2_bits(path):
             assert torch.equal(nt.linear(x, p, bias), a), (nt.FORMAT_NAMES[fmt], m)
 
 
+def test_k_quants_pack_in_the_files_bits():
+    """Q4_K and Q6_K packed keep the file's bits (4.625 and 6.5625 a weight, where fp32 scales took 6
+    and 9.5): 64 rows x 512 in 18,944 and 26,880 bytes; Q8_0 stays at 8.5 bits."""
+    for fmt, size in ((nt.Q4_K, 18944), (nt.Q6_K, 26880), (nt.Q8_0, 64 * 512 * 17 // 16)):
+        w, _ = make_weight(fmt, 64, 512)
+        assert pk.PackedWeight.pack(w).nbytes == size, nt.FORMAT_NAMES[fmt]
+
+
+def test_fused_parts_of_different_formats_pack_each_in_its_own():
+    """A K-quant mix's QKV (Q4_K q, Q4_K k, Q6_K v: no common format) packs part by part: its rows
+    read back exactly, and one product equals the three parts' products side by side, bit for bit,
+    with a bias and accumulating, on every path the CPU runs and at 1 token and 9."""
+    parts = [make_weight(fmt, n, 512, seed=s) for fmt, n, s in ((nt.Q4_K, 40, 1), (nt.Q4_K, 16, 2), (nt.Q6_K, 16, 3))]
+    fused = pk.fuse([w for w, _ in parts])
+    assert isinstance(fused, pk.FusedParts)
+    mixed = pk.PackedWeight.pack(fused)
+    assert mixed.fmt == pk.MIXED and mixed.shape == (72, 512)
+    assert torch.equal(mixed.dequantize(), torch.cat([ref for _, ref in parts]))
+    singles = [pk.PackedWeight.pack(w) for w, _ in parts]
+    bias = torch.randn(72, generator=torch.Generator().manual_seed(7))
+    for path in ["avx2", *[p for p in OTHER_PATHS if pk.path_runs(p)]]:
+        pk.set_path(path)
+        for m in (1, 9):
+            x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+            expect = torch.cat([nt.linear(x, p, b) for p, b in zip(singles, bias.split([40, 16, 16]))], 1)
+            assert torch.equal(nt.linear(x, mixed, bias), expect), (path, m)
+            base = torch.randn(m, 72, generator=torch.Generator().manual_seed(9))
+            assert torch.equal(nt.linear(x, mixed, bias, out=base.clone(), accumulate=True), base + expect)
+    # one format fuses into one block weight; for f32 activations parts become one weight: Q8_0 where
+    # every part's blocks are Q8_0 blocks exactly, else fp32 rows
+    same = pk.fuse([make_weight(nt.Q4_K, 8, 256)[0], make_weight(nt.Q4_K, 8, 256, seed=1)[0]])
+    assert isinstance(same, nt.NativeWeight) and same.fmt == nt.Q4_K
+    q8 = pk.fuse([make_weight(nt.Q5_0, 8, 64)[0], make_weight(nt.Q8_0, 8, 64)[0]]).as_float()
+    assert q8.fmt == nt.Q8_0
+    assert fused.as_float().fmt == nt.F32 and torch.equal(fused.as_float().dequantize(), mixed.dequantize())
+
+
 def test_a_path_the_cpu_lacks_is_refused():
     missing = [p for p in OTHER_PATHS if not pk.path_runs(p)]
     if not missing:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,8 +195,9 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
     opts = (options or RuntimeOptions()).resolve()
     path = resolve_model_path(spec)
     native = opts.kernels == "native"
+    reader = None
     if path.endswith(".gguf"):
-        cfg, sd = _read_gguf(path, keep_blocks=native)
+        cfg, sd, reader = _read_gguf(path, keep_blocks=native)
     else:
         cfg, sd = _read_hf_dir(path)
     try:
@@ -204,6 +206,8 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
         raise SpecserveError(f"{path}: missing weight {e.args[0]!r}") from None
     except ValueError as e:
         raise SpecserveError(f"{path}: {e}") from None
+    if reader is not None:        # block weights were read in place from the file's map: once repacked,
+        reader.drop_pages()       # its pages need not stay resident (those still used fault back in)
     return LoadedModel(model=model, config=cfg, path=path, options=opts)
 
 
@@ -262,9 +266,10 @@ _NATIVE_GGUF = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": 
 _TOKENIZER_ARRAYS = frozenset(f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges"))
 
 
-def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:
-    """Config and Hugging Face-named weights of a GGUF file.  With ``keep_blocks``, matrices in a
-    format the native kernels read stay in their blocks (``NativeWeight``); otherwise everything is
+def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict, GGUFFile]:
+    """Config, Hugging Face-named weights and the reader of a GGUF file.  With ``keep_blocks``, matrices
+    in a format the native kernels read stay in their blocks (``NativeWeight``), read in place from the
+    file's read-only map (no copy: the kernels never write weights); otherwise everything is
     dequantized to fp32 by gguf's reference code."""
     try:
         reader = GGUFFile(path, skip=_TOKENIZER_ARRAYS)
@@ -292,7 +297,7 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]
             else:
                 w = _gguf_unpermute(w, heads)
         sd[name] = w
-    return cfg, sd
+    return cfg, sd, reader
 
 
 def _gguf_config(reader: GGUFFile) -> ModelConfig:
@@ -329,7 +334,9 @@ def _gguf_tensor(t, keep_blocks: bool, path: str) -> "torch.Tensor | NativeWeigh
     import numpy as np
 
     if keep_blocks and t.tensor_type.name in _NATIVE_GGUF and len(t.shape) == 2:
-        data = torch.from_numpy(np.array(t.data)).view(torch.uint8)
+        with warnings.catch_warnings():          # the map is read-only, and nothing writes weights
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.asarray(t.data)).view(torch.uint8)
         return NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
                             (int(t.shape[1]), int(t.shape[0])))
     try:

@@ -1,9 +1,10 @@
 """The Llama-family decoder on the native CPU kernels (``kernels=native``).
 
 Implements the decoder protocol (``specserve.models.decoder``) like ``llama.Transformer``, on a
-different runtime: weights stay in the blocks they were stored in (GGUF blocks; Q4_0 / Q5_0 as the
-Q8_0 blocks that hold them exactly; fp32 for float checkpoints), activations are int8 (block weights
-repacked for integer products, ``packed.py``) or fp32 (``activations``), and a whole pass is one call
+different runtime: weights stay in the blocks they were stored in (GGUF blocks; fp32 for float
+checkpoints), activations are int8 (block weights repacked for integer products in the file's own
+bits, ``packed.py``) or fp32 (``activations``; Q4_0 / Q5_0 then run as the Q8_0 blocks that hold them
+exactly), and a whole pass is one call
 into the C++ kernels (``ss_forward``, forward.cpp) over buffers allocated once per pass.  Every
 kernel is batch-invariant by construction (see the header of simd.h), so one token's logits are
 bit-identical however many tokens, rows or cache slots share its pass, for decoding, verification
@@ -33,7 +34,7 @@ from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pa
 from specserve.models.native.build import library
 from specserve.models.native.formats import F16, Q4_0, Q5_0, BlockWeight, NativeWeight
 from specserve.models.native.kernels import linear, move_slots
-from specserve.models.native.packed import ACTIVATIONS, PackedWeight, packable, quantize_q8_0
+from specserve.models.native.packed import ACTIVATIONS, FusedParts, PackedWeight, fuse, packable, quantize_q8_0
 
 MAX_HEAD_DIM = 256
 # The KV cache's element types (``kv``): fp32, or bf16 (half the bytes attention reads; keys and values
@@ -44,12 +45,18 @@ SCRATCH_KEPT = 64          # passes of at most this many tokens reuse their scra
 
 
 def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
-    """A weight as the kernels run it.  Q4_0 and Q5_0 blocks run as the Q8_0 blocks that hold them
-    exactly (the same bits out, 1.5-1.9x the bytes): unpacking their nibbles and fifth bits cost
-    more than reading the wider blocks (BENCHMARKS.md, section 11)."""
-    if not isinstance(w, NativeWeight):
-        return NativeWeight.from_float(w)
-    return w.as_q8_0() if w.fmt in (Q4_0, Q5_0) else w
+    """A weight as the kernels read it: GGUF blocks as they are, float tensors as fp32 rows."""
+    return w if isinstance(w, NativeWeight) else NativeWeight.from_float(w)
+
+
+def for_float_activations(w: "NativeWeight | FusedParts") -> NativeWeight:
+    """A weight as the fp32-activation kernels run it: Q4_0 and Q5_0 blocks as the Q8_0 blocks that
+    hold them exactly (the same bits out, 1.5-1.9x the bytes: unpacking their nibbles and fifth bits
+    there cost more than reading the wider blocks, BENCHMARKS.md section 11), fused parts of
+    different formats as one.  (The int8 kernels read each format's own bits.)"""
+    if isinstance(w, FusedParts):
+        return w.as_float()
+    return w.as_q8_0() if isinstance(w, NativeWeight) and w.fmt in (Q4_0, Q5_0) else w
 
 
 def _f32(t: Tensor) -> Tensor:
@@ -92,7 +99,7 @@ class _Layer:
         p = f"model.layers.{i}"
         a = f"{p}.self_attn"
         self.attn_norm = _f32(sd[f"{p}.input_layernorm.weight"])
-        self.qkv = NativeWeight.cat([as_native(sd[f"{a}.{n}_proj.weight"]) for n in "qkv"])
+        self.qkv = fuse([as_native(sd[f"{a}.{n}_proj.weight"]) for n in "qkv"])
         self.qkv_bias = (torch.cat([_f32(sd[f"{a}.{n}_proj.bias"]) for n in "qkv"])
                          if cfg.attention_bias else None)
         self.q_norm = _f32(sd[f"{a}.q_norm.weight"]) if cfg.qk_norm else None
@@ -106,7 +113,7 @@ class _Layer:
             self.post_attn_norm = self.post_ffn_norm = None
             self.ffn_norm = _f32(sd[f"{p}.post_attention_layernorm.weight"])
         m = f"{p}.mlp"
-        self.gate_up = NativeWeight.cat([as_native(sd[f"{m}.gate_proj.weight"]), as_native(sd[f"{m}.up_proj.weight"])])
+        self.gate_up = fuse([as_native(sd[f"{m}.gate_proj.weight"]), as_native(sd[f"{m}.up_proj.weight"])])
         self.down = as_native(sd[f"{m}.down_proj.weight"])
         self.window = cfg.layer_window(i)
         self.gelu = cfg.activation == "gelu_tanh"
@@ -131,6 +138,10 @@ class _Layer:
             w = getattr(self, name)
             if packable(w):
                 setattr(self, name, PackedWeight.pack(w))
+
+    def for_float_activations(self) -> None:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(self, name, for_float_activations(getattr(self, name)))
 
 
 class NativeTransformer(OnCpu, nn.Module):
@@ -177,6 +188,9 @@ class NativeTransformer(OnCpu, nn.Module):
         model with no block weights is refused (nothing would change)."""
         blocks = [w for layer in self.layers for w in layer.weights() if packable(w)]
         if activations == "f32" or (activations == "auto" and not blocks):
+            for layer in self.layers:
+                layer.for_float_activations()
+            self.lm_head = for_float_activations(self.lm_head)
             return "f32"
         if not blocks:
             raise ValueError("activations=int8 needs quantized (GGUF block) weights; this model's are float")

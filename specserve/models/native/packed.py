@@ -16,6 +16,8 @@ from specserve.models.native import FORMAT_NAMES, Q8_0, BlockWeight, NativeWeigh
 from specserve.models.native.paths import INT8
 
 PACKED = 16                       # a packed weight's format: PACKED + the GGUF format it came from
+MIXED = 64                        # a fused weight whose parts are packed in different formats (simd.h)
+MIXED_HEADER = 128
 PATHS = INT8.codes
 ACTIVATIONS = ("auto", "int8", "f32")
 
@@ -28,7 +30,9 @@ class PackedWeight(BlockWeight):
         self.data, self.fmt, self.shape = data, fmt, shape
 
     @classmethod
-    def pack(cls, w: NativeWeight) -> "PackedWeight":
+    def pack(cls, w: "NativeWeight | FusedParts") -> "PackedWeight":
+        if isinstance(w, FusedParts):
+            return MixedPacked.pack(w)
         n, k = w.shape
         size = int(library().ss_packed_bytes(w.fmt, n, k))
         if size < 0:
@@ -36,6 +40,55 @@ class PackedWeight(BlockWeight):
         out = torch.empty(size, dtype=torch.uint8)
         library().ss_pack(w.data.data_ptr(), w.fmt, n, k, out.data_ptr())
         return cls(out, PACKED + w.fmt, (n, k))
+
+
+class FusedParts:
+    """A fused weight (QKV) whose parts' block formats have no common one (a K-quant mix's Q6_K v
+    beside Q4_K q and k): packed part by part for int8 activations (``MixedPacked``), each in the
+    file's own bits; fp32 rows (``as_float``) only where float activations are asked for."""
+
+    def __init__(self, parts: list[NativeWeight]):
+        if len({p.shape[1] for p in parts}) > 1:
+            raise ValueError("fused parts need one in_features")
+        self.parts = parts
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+    def as_float(self) -> NativeWeight:
+        return NativeWeight.cat(self.parts)
+
+
+def fuse(parts: list[NativeWeight]) -> "NativeWeight | FusedParts":
+    """Parts stacked along out_features: one block weight where they share a format, else
+    ``FusedParts`` where every part has int8 kernels (each packs in its own bits), else one weight
+    (``NativeWeight.cat``)."""
+    if len({p.fmt for p in parts}) > 1 and len(parts) <= (MIXED_HEADER // 8 - 1) // 3 and all(map(packable, parts)):
+        return FusedParts(parts)
+    return NativeWeight.cat(parts)
+
+
+class MixedPacked(PackedWeight):
+    """``FusedParts`` packed: a header of int64 {parts, then per part: packed format, rows, byte offset}
+    in MIXED_HEADER bytes, then each part's packed data; one linear call quantizes the activations
+    once and runs each part on its own format's kernel into its columns."""
+
+    def __init__(self, data: torch.Tensor, parts: list[PackedWeight], shape: tuple[int, int]):
+        super().__init__(data, MIXED, shape)
+        self.parts = parts
+
+    @classmethod
+    def pack(cls, w: FusedParts) -> "MixedPacked":
+        parts = [PackedWeight.pack(p) for p in w.parts]
+        header, offset = [len(parts)], MIXED_HEADER
+        for p in parts:
+            header += [p.fmt, p.shape[0], offset]
+            offset += p.nbytes
+        head = torch.zeros(MIXED_HEADER // 8, dtype=torch.int64)
+        head[:len(header)] = torch.tensor(header)
+        data = torch.cat([head.view(torch.uint8)] + [p.data for p in parts])
+        return cls(data, parts, w.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
 
 
 def quantize_q8_0(w: torch.Tensor) -> NativeWeight:
@@ -55,6 +108,8 @@ def quantize_q8_0(w: torch.Tensor) -> NativeWeight:
 
 
 def packable(w) -> bool:
+    if isinstance(w, FusedParts):
+        return True
     return isinstance(w, NativeWeight) and int(library().ss_packed_bytes(w.fmt, 8, 256)) > 0
 
 

@@ -13,11 +13,11 @@
 
 extern "C" {
 void ss_q8_linear_vnni512(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+                          const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 void ss_q8_linear_avxvnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+                          const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 void ss_q8_linear_vnni512w(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                           const uint8_t*, int, int64_t, const float*, float*, int, int);
+                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 double ss_q8_peak_vnni512(int64_t, int, int32_t*);
 double ss_q8_peak_avxvnni(int64_t, int, int32_t*);
 double ss_q8_peak_vnni512w(int64_t, int, int32_t*);
@@ -33,7 +33,7 @@ namespace {
 // Paths: 0 AVX2 (always), 1 AVX512-VNNI, 2 AVX-VNNI, 3 AVX512-VNNI on 512-bit registers: each one's
 // product and ceiling.
 using LinearFn = void (*)(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                          const uint8_t*, int, int64_t, const float*, float*, int, int);
+                          const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 using PeakFn = double (*)(int64_t, int, int32_t*);
 struct Path { LinearFn linear; PeakFn peak; };
 const Path kPaths[4] = {{ss_q8_linear_avx2, ss_q8_peak_avx2}, {ss_q8_linear_vnni512, ss_q8_peak_vnni512},
@@ -76,23 +76,25 @@ int g_path = -1;   // -1: not chosen yet (the best the CPU runs)
 
 // A packed format's traits (q8.h's PQ structs) as run-time values, for the code that packs and
 // reads back one block at a time.
-struct Traits { int bits, bias; bool f16, min, halves; };
+struct Traits { int bits, bias; bool f16, min, halves, super; };
 bool traits(int fmt, Traits* t) {
   return with_format(fmt, [&](auto p) {
     using P = decltype(p);
-    *t = {P::bits, P::bias, P::f16, P::min, P::halves};
+    *t = {P::bits, P::bias, P::f16, P::min, P::halves, P::super};
   });
 }
-int64_t block_bytes_of(const Traits& t) { return block_bytes_for(t.bits, t.f16, t.min, t.halves); }
+#define SS_TR(t) t.bits, t.f16, t.min, t.halves, t.super
 
 // One 32-element block (index j) of a GGUF row, as the packed layout stores it: value bytes u
 // (w = dw * (u - bias) + mw), the scale and offset (fp16 bits where the format stores fp16, else
-// fp32), and Q6_K's two half scales.
+// fp32), Q6_K's two half scales, and for the super-block formats the fp16 bits of d (Q4_K: and of
+// -dmin) with the block's integer scale sc and min mn (Q4_K).
 struct Unpacked {
   uint8_t u[32];
   float dw, mw;
   uint16_t dw16, mw16;
   int8_t sc[2];
+  uint8_t isc, imn;
 };
 
 void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
@@ -131,6 +133,10 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
       kscale(p + 4, s, &sc, &mn);
       o->dw = h2f(p) * static_cast<float>(sc);
       o->mw = -(h2f(p + 2) * static_cast<float>(mn));
+      o->dw16 = f16bits(p);
+      o->mw16 = static_cast<uint16_t>(f16bits(p + 2) ^ 0x8000);     // -dmin: (-dmin) * mn = -(dmin * mn)
+      o->isc = static_cast<uint8_t>(sc);
+      o->imn = static_cast<uint8_t>(mn);
       const uint8_t* qs = p + (five ? 48 : 16) + 32 * (s / 2);
       for (int l = 0; l < 32; ++l) {
         int q = (qs[l] >> (4 * (s & 1))) & 15;
@@ -145,6 +151,7 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
       const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
       const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
       o->dw = h2f(p + 208);
+      o->dw16 = f16bits(p + 208);
       o->sc[0] = scales[8 * h + 2 * g];
       o->sc[1] = scales[8 * h + 2 * g + 1];
       for (int l = 0; l < 32; ++l) {
@@ -157,27 +164,104 @@ void unpack_block(int fmt, const uint8_t* row, int64_t j, Unpacked* o) {
   }
 }
 
-// The exact value of element l of an unpacked block, as gguf's reference dequantizer computes it.
-float value(const Traits& t, const uint8_t* blk, int r, int l) {
+// The exact value of element l of row r of block j of a packed group (grp: its first byte), as gguf's
+// reference dequantizer computes it.
+float value(const Traits& t, const uint8_t* grp, int64_t j, int r, int l) {
   const int vb = value_bytes_for(t.bits), sb = scale_bytes_for(t.f16);
+  const uint8_t* blk = grp + block_offset_for(SS_TR(t), j);
+  const uint8_t* tail = grp + tail_offset_for(SS_TR(t), j);
   int u;
   if (t.bits == 8) {
     u = blk[32 * (l / 4) + 4 * r + l % 4];
   } else {
-    const int s = l < 16 ? l / 4 : (l - 16) / 4;
-    const uint8_t byte = blk[32 * s + 4 * r + l % 4];
-    u = l < 16 ? byte & 15 : byte >> 4;
+    const int s = l / 4, byte = blk[32 * (s & 3) + 4 * r + l % 4];
+    u = s < 4 ? byte & 15 : byte >> 4;
+    if (t.bits == 6) u |= ((blk[128 + 32 * (s >> 2) + 4 * r + l % 4] >> (2 * (s & 3))) & 3) << 4;
   }
-  const float dw = t.f16 ? h2f(blk + vb + 2 * r) : reinterpret_cast<const float*>(blk + vb)[r];
-  if (t.min) {
-    const float mw = t.f16 ? h2f(blk + vb + sb + 2 * r) : reinterpret_cast<const float*>(blk + vb + sb)[r];
-    return std::fma(dw, static_cast<float>(u), mw);
+  float dw, mw = 0.0f;
+  if (t.super) {
+    dw = h2f(tail + 2 * r);
+    if (t.min) {
+      mw = h2f(tail + 16 + 2 * r) * static_cast<float>(blk[vb + 8 + r]);
+      dw *= static_cast<float>(blk[vb + r]);
+    }
+  } else {
+    dw = t.f16 ? h2f(blk + vb + 2 * r) : reinterpret_cast<const float*>(blk + vb)[r];
+    if (t.min) mw = t.f16 ? h2f(blk + vb + sb + 2 * r) : reinterpret_cast<const float*>(blk + vb + sb)[r];
   }
+  if (t.min) return std::fma(dw, static_cast<float>(u), mw);
   if (t.halves) {
-    const int8_t sc = reinterpret_cast<const int8_t*>(blk + vb + sb)[8 * (l / 16) + r];
+    const int8_t sc = reinterpret_cast<const int8_t*>(blk + (t.super ? vb : vb + sb))[8 * (l / 16) + r];
     return (dw * static_cast<float>(sc)) * static_cast<float>(u - t.bias);
   }
   return dw * static_cast<float>(u - t.bias);
+}
+
+// Row r's unpacked block o into packed block blk (and its super-block's scales at tail) of format P.
+template <class P>
+inline void place(const Unpacked& o, int r, int64_t j, uint8_t* blk, uint8_t* tail) {
+  constexpr int vb = value_bytes_for(P::bits), sb = scale_bytes_for(P::f16);
+  if constexpr (P::bits == 8) {
+    for (int s = 0; s < 8; ++s) std::memcpy(blk + 32 * s + 4 * r, o.u + 4 * s, 4);
+  } else {
+    for (int t = 0; t < 4; ++t) {
+      uint8_t v[4];
+      for (int i = 0; i < 4; ++i)
+        v[i] = static_cast<uint8_t>((o.u[4 * t + i] & 15) | (o.u[16 + 4 * t + i] & 15) << 4);
+      std::memcpy(blk + 32 * t + 4 * r, v, 4);
+    }
+    if constexpr (P::bits == 6)
+      for (int t = 0; t < 2; ++t) {
+        uint8_t v[4];
+        for (int i = 0; i < 4; ++i) {
+          int h = 0;
+          for (int k = 0; k < 4; ++k) h |= (o.u[4 * (4 * t + k) + i] >> 4) << (2 * k);
+          v[i] = static_cast<uint8_t>(h);
+        }
+        std::memcpy(blk + 128 + 32 * t + 4 * r, v, 4);
+      }
+  }
+  if constexpr (P::super) {
+    if (j % 8 == 0) {
+      std::memcpy(tail + 2 * r, &o.dw16, 2);
+      if constexpr (P::min) std::memcpy(tail + 16 + 2 * r, &o.mw16, 2);
+    }
+    if constexpr (P::min) {
+      blk[vb + r] = o.isc;
+      blk[vb + 8 + r] = o.imn;
+    }
+  } else if constexpr (P::f16) {
+    std::memcpy(blk + vb + 2 * r, &o.dw16, 2);
+    if constexpr (P::min) std::memcpy(blk + vb + sb + 2 * r, &o.mw16, 2);
+  } else {
+    std::memcpy(blk + vb + 4 * r, &o.dw, 4);
+    if constexpr (P::min) std::memcpy(blk + vb + sb + 4 * r, &o.mw, 4);
+  }
+  if constexpr (P::halves) {
+    constexpr int at = P::super ? vb : vb + sb;
+    blk[at + r] = static_cast<uint8_t>(o.sc[0]);
+    blk[at + 8 + r] = static_cast<uint8_t>(o.sc[1]);
+  }
+}
+
+// w: [N, row_bytes(fmt, K)] GGUF blocks of format fmt (traits P) -> out in the packed layout (q8.h).
+template <class P>
+void pack(const uint8_t* w, int fmt, int64_t N, int64_t K, uint8_t* out) {
+  const int64_t rb = ss_row_bytes(fmt, K), nb = K / 32, groups = (N + 7) / 8, gb = group_bytes<P>(nb);
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* grp = out + g * gb;
+    std::memset(grp, 0, gb);
+    for (int r = 0; r < 8; ++r) {
+      const int64_t n = 8 * g + r;
+      for (int64_t j = 0; j < nb; ++j) {
+        Unpacked o{};
+        if (n < N) unpack_block(fmt, w + n * rb, j, &o);
+        else if (P::bias) std::memset(o.u, P::bias, 32);          // padding rows: weights of 0
+        place<P>(o, r, j, grp + block_offset_for(SS_PQ(P), j), grp + tail_offset_for(SS_PQ(P), j));
+      }
+    }
+  }
 }
 
 // Row m of x [M, K] as int8 blocks of 32: q = round(x * 127 / amax), d = amax / 127.
@@ -236,47 +320,13 @@ double ss_int8_peak(int64_t iters, int32_t* sink) { return kPaths[ss_q8_path()].
 // Bytes of the packed form of an [N, K] weight of GGUF format fmt (-1: not packable).
 int64_t ss_packed_bytes(int fmt, int64_t N, int64_t K) {
   Traits t;
-  if (!traits(fmt, &t) || K % 32) return -1;
-  return (N + 7) / 8 * (K / 32) * block_bytes_of(t);
+  if (!traits(fmt, &t) || K % (t.super ? 256 : 32)) return -1;
+  return (N + 7) / 8 * group_bytes_for(SS_TR(t), K / 32);
 }
 
 // w: [N, row_bytes(fmt, K)] GGUF blocks -> out: ss_packed_bytes(fmt, N, K) bytes (see q8.h).
 void ss_pack(const uint8_t* w, int fmt, int64_t N, int64_t K, uint8_t* out) {
-  Traits t;
-  if (!traits(fmt, &t)) return;
-  const int64_t rb = ss_row_bytes(fmt, K), nb = K / 32, bb = block_bytes_of(t), groups = (N + 7) / 8;
-  const int vb = value_bytes_for(t.bits), sb = scale_bytes_for(t.f16);
-#pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t j = 0; j < nb; ++j) {
-      uint8_t* blk = out + (g * nb + j) * bb;
-      std::memset(blk, 0, bb);
-      for (int r = 0; r < 8; ++r) {
-        const int64_t n = 8 * g + r;
-        Unpacked o{};
-        if (n < N) unpack_block(fmt, w + n * rb, j, &o);
-        else if (t.bias) std::memset(o.u, t.bias, 32);          // padding rows: weights of 0
-        for (int l = 0; l < 32; ++l) {
-          if (t.bits == 8) {
-            blk[32 * (l / 4) + 4 * r + l % 4] = o.u[l];
-          } else {
-            const int s = l < 16 ? l / 4 : (l - 16) / 4;
-            blk[32 * s + 4 * r + l % 4] |= static_cast<uint8_t>(l < 16 ? o.u[l] : o.u[l] << 4);
-          }
-        }
-        if (t.f16) {
-          std::memcpy(blk + vb + 2 * r, &o.dw16, 2);
-          if (t.min) std::memcpy(blk + vb + sb + 2 * r, &o.mw16, 2);
-        } else {
-          std::memcpy(blk + vb + 4 * r, &o.dw, 4);
-          if (t.min) std::memcpy(blk + vb + sb + 4 * r, &o.mw, 4);
-        }
-        if (t.halves) {
-          blk[vb + sb + r] = static_cast<uint8_t>(o.sc[0]);
-          blk[vb + sb + 8 + r] = static_cast<uint8_t>(o.sc[1]);
-        }
-      }
-    }
+  with_format(fmt, [&](auto p) { pack<decltype(p)>(w, fmt, N, K, out); });
 }
 
 // Gather rows of a packed weight: tokens [n] -> out [n, K] fp32, the exact values of the GGUF blocks.
@@ -284,14 +334,12 @@ void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt
   Traits t;
   const int fmt = pfmt - PACKED;
   if (!traits(fmt, &t)) return;
-  const int64_t nb = K / 32, bb = block_bytes_of(t);
+  const int64_t nb = K / 32, gb = group_bytes_for(SS_TR(t), nb);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = tokens[i] / 8;
+    const uint8_t* grp = w + tokens[i] / 8 * gb;
     const int r = static_cast<int>(tokens[i] % 8);
-    for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* blk = w + (g * nb + j) * bb;
-      for (int l = 0; l < 32; ++l) out[i * K + 32 * j + l] = value(t, blk, r, l);
-    }
+    for (int64_t j = 0; j < nb; ++j)
+      for (int l = 0; l < 32; ++l) out[i * K + 32 * j + l] = value(t, grp, j, r, l);
   }
 }
 
@@ -302,7 +350,9 @@ void ss_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
   for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, q + m * K, d + m * nb, sx + m * nb, hs + 2 * m * nb);
 }
 
-// y [M, N] (+)= quantize(x [M, K]) W^T (+ bias) for a packed weight w of packed format pfmt.
+// y [M, N] (+)= quantize(x [M, K]) W^T (+ bias) for a packed weight w of packed format pfmt, or of
+// MIXED parts (see simd.h), each multiplied on its own format's kernel into its columns of y from the
+// activations quantized once.
 void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pfmt, int64_t N, const float* bias,
                   float* y, int accumulate) {
   const int64_t nb = K / 32;
@@ -312,7 +362,15 @@ void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pf
   float* sx = d + M * nb;
   int32_t* hs = reinterpret_cast<int32_t*>(sx + M * nb);
   ss_quantize_rows(x, M, K, q, d, sx, hs);
-  kPaths[ss_q8_path()].linear(q, d, sx, hs, M, K, w, pfmt, N, bias, y, accumulate, threads());
+  const LinearFn linear = kPaths[ss_q8_path()].linear;
+  if (pfmt == MIXED) {
+    const int64_t* h = reinterpret_cast<const int64_t*>(w);
+    for (int64_t i = 0, n0 = 0; i < h[0]; n0 += h[2 + 3 * i], ++i)
+      linear(q, d, sx, hs, M, K, w + h[3 + 3 * i], static_cast<int>(h[1 + 3 * i]), h[2 + 3 * i], N,
+             bias ? bias + n0 : nullptr, y + n0, accumulate, threads());
+  } else {
+    linear(q, d, sx, hs, M, K, w, pfmt, N, N, bias, y, accumulate, threads());
+  }
   std::free(buf);
 }
 

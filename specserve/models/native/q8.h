@@ -24,12 +24,20 @@
 //
 // PACKED LAYOUT.  Rows are taken 8 at a time (a group; the last one padded with zero weights); a
 // group is K/32 blocks in order; a block holds its 8 rows' 32 values, then the 8 rows' scales (fp16
-// when the GGUF format stores fp16 scales, else fp32), then the 8 offsets where the format has them,
-// then (Q6_K) the 8 rows' two int8 half scales.  Values are unsigned bytes u = w + bias:
-//   8-bit values (Q8_0 bias 128, Q5_0 16, Q5_1 / Q5_K 0, Q6_K 32): 8 steps of 32 bytes; step s holds
+// when the GGUF format stores fp16 scales, else fp32), then the 8 offsets where the format has them.
+// Values are unsigned bytes u = w + bias:
+//   8-bit values (Q8_0 bias 128, Q5_0 16, Q5_1 / Q5_K 0): 8 steps of 32 bytes; step s holds
 //     row r's values 4s .. 4s+3 at bytes 4r .. 4r+3 (the 4 bytes vpdpbusd sums into lane r);
 //   4-bit values (Q4_0 bias 8, Q4_1 / Q4_K 0): 4 registers of 32 bytes; register t's byte 4r+j holds
-//     row r's value 4t+j in its low nibble and value 16+4t+j in its high nibble (steps t and t+4).
+//     row r's value 4t+j in its low nibble and value 16+4t+j in its high nibble (steps t and t+4);
+//   6-bit values (Q6_K bias 32): the 4-bit layout of the low 4 bits, then 2 registers of the high 2
+//     bits: register t's byte 4r+j holds, at bits 2i .. 2i+1, those of row r's value 4(4t+i)+j.
+// The K-quants Q4_K and Q6_K keep the file's bits: their blocks come 8 to a super-block of 256
+// elements, followed by the super-block's 8 fp16 scales d (Q4_K: then 8 fp16 -dmin), and each block
+// holds, after its values, the 8 rows' 6-bit integer scales (Q4_K: uint8 sc, then uint8 mn, the
+// weight being (d * sc) * u + (-dmin) * mn; Q6_K: two int8 half scales, first halves then second,
+// the weight (d * sc) * (u - 32)).  d * sc is exact in fp32, so these are the values the unpacked
+// fp32 scales gave, bit for bit: 4.625 and 6.5625 bits a weight, where fp32 scales took 6 and 9.5.
 
 #pragma once
 
@@ -55,26 +63,76 @@
 
 namespace {
 
-// The packed formats' traits.  bits: 8 or 4 (value bytes per block: 256 or 128); bias: the value
-// offset subtracted as bias * sum(qx); f16: scales stored as fp16; min: an offset term; halves:
-// Q6_K's two int8 scales per row and block.
-struct PQ8_0 { static constexpr int bits = 8, bias = 128; static constexpr bool f16 = true, min = false, halves = false; };
-struct PQ5_0 { static constexpr int bits = 8, bias = 16; static constexpr bool f16 = true, min = false, halves = false; };
-struct PQ5_1 { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = true, min = true, halves = false; };
-struct PQ5_K { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = false, min = true, halves = false; };
-struct PQ6_K { static constexpr int bits = 8, bias = 32; static constexpr bool f16 = false, min = false, halves = true; };
-struct PQ4_0 { static constexpr int bits = 4, bias = 8; static constexpr bool f16 = true, min = false, halves = false; };
-struct PQ4_1 { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = true, min = true, halves = false; };
-struct PQ4_K { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = false, min = true, halves = false; };
+// The packed formats' traits.  bits: 8, 6 or 4 (value bytes per block: 256, 192 or 128); bias: the
+// value offset subtracted as bias * sum(qx); f16: scales stored as fp16; min: an offset term; halves:
+// Q6_K's two int8 scales per row and block; super: blocks in super-blocks of 8 with integer scales.
+struct PQ8_0 { static constexpr int bits = 8, bias = 128; static constexpr bool f16 = true, min = false, halves = false, super = false; };
+struct PQ5_0 { static constexpr int bits = 8, bias = 16; static constexpr bool f16 = true, min = false, halves = false, super = false; };
+struct PQ5_1 { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = true, min = true, halves = false, super = false; };
+struct PQ5_K { static constexpr int bits = 8, bias = 0; static constexpr bool f16 = false, min = true, halves = false, super = false; };
+struct PQ6_K { static constexpr int bits = 6, bias = 32; static constexpr bool f16 = false, min = false, halves = true, super = true; };
+struct PQ4_0 { static constexpr int bits = 4, bias = 8; static constexpr bool f16 = true, min = false, halves = false, super = false; };
+struct PQ4_1 { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = true, min = true, halves = false, super = false; };
+struct PQ4_K { static constexpr int bits = 4, bias = 0; static constexpr bool f16 = false, min = true, halves = false, super = true; };
 
-constexpr int value_bytes_for(int bits) { return bits == 8 ? 256 : 128; }
+constexpr int value_bytes_for(int bits) { return bits == 8 ? 256 : bits == 6 ? 192 : 128; }
 constexpr int scale_bytes_for(bool f16) { return f16 ? 16 : 32; }
-constexpr int block_bytes_for(int bits, bool f16, bool min, bool halves) {
-  return value_bytes_for(bits) + scale_bytes_for(f16) * (min ? 2 : 1) + (halves ? 16 : 0);
+// A block's bytes: values, then (super) its integer scales, else its float scales and offsets.
+constexpr int block_bytes_for(int bits, bool f16, bool min, bool halves, bool super) {
+  return super ? value_bytes_for(bits) + (min ? 16 : 0) + (halves ? 16 : 0)
+               : value_bytes_for(bits) + scale_bytes_for(f16) * (min ? 2 : 1) + (halves ? 16 : 0);
 }
+// The fp16 scales after a super-block's 8 blocks: d (and -dmin).
+constexpr int tail_bytes_for(bool min, bool super) { return super ? (min ? 32 : 16) : 0; }
+constexpr int64_t super_bytes_for(int bits, bool f16, bool min, bool halves, bool super) {
+  return 8 * block_bytes_for(bits, f16, min, halves, super) + tail_bytes_for(min, super);
+}
+// Offsets of block b, and of its super-block's scales, from the start of its group.
+constexpr int64_t block_offset_for(int bits, bool f16, bool min, bool halves, bool super, int64_t b) {
+  return super ? (b >> 3) * super_bytes_for(bits, f16, min, halves, super) + (b & 7) * block_bytes_for(bits, f16, min, halves, super)
+               : b * block_bytes_for(bits, f16, min, halves, super);
+}
+constexpr int64_t tail_offset_for(int bits, bool f16, bool min, bool halves, bool super, int64_t b) {
+  return (b >> 3) * super_bytes_for(bits, f16, min, halves, super) + 8 * block_bytes_for(bits, f16, min, halves, super);
+}
+// A group's bytes: nb blocks (a multiple of 8 for super-block formats).
+constexpr int64_t group_bytes_for(int bits, bool f16, bool min, bool halves, bool super, int64_t nb) {
+  return super ? nb / 8 * super_bytes_for(bits, f16, min, halves, super) : nb * block_bytes_for(bits, f16, min, halves, super);
+}
+#define SS_PQ(P) P::bits, P::f16, P::min, P::halves, P::super
 template <class P> constexpr int value_bytes() { return value_bytes_for(P::bits); }
 template <class P> constexpr int scale_bytes() { return scale_bytes_for(P::f16); }
-template <class P> constexpr int block_bytes() { return block_bytes_for(P::bits, P::f16, P::min, P::halves); }
+template <class P> constexpr int block_bytes() { return block_bytes_for(SS_PQ(P)); }
+template <class P> constexpr int64_t group_bytes(int64_t nb) { return group_bytes_for(SS_PQ(P), nb); }
+
+// The weight scales dw (and offsets mw) of block b's 8 rows: blk the block, grp its group's start.
+template <class P>
+inline void block_scales(const uint8_t* grp, int64_t b, const uint8_t* blk, __m256* dw, __m256* mw) {
+  constexpr int VB = value_bytes<P>();
+  if constexpr (P::super) {
+    const uint8_t* t = grp + tail_offset_for(SS_PQ(P), b);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+    if constexpr (P::min) {
+      auto ints = [](const uint8_t* p) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+      };
+      *dw = _mm256_mul_ps(d, ints(blk + VB));
+      *mw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16))), ints(blk + VB + 8));
+    } else {
+      *dw = d;
+    }
+  } else {
+    *dw = P::f16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB)))
+                 : _mm256_loadu_ps(reinterpret_cast<const float*>(blk + VB));
+    if constexpr (P::min) {
+      constexpr int SB = scale_bytes<P>();
+      *mw = P::f16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB + SB)))
+                   : _mm256_loadu_ps(reinterpret_cast<const float*>(blk + VB + SB));
+    }
+  }
+}
+// Where a block's Q6_K half scales start.
+template <class P> constexpr int halves_offset() { return P::super ? value_bytes<P>() : value_bytes<P>() + scale_bytes<P>(); }
 
 // f(P{}) for the traits P of GGUF format fmt (the Fmt ids of simd.h, which this header does not
 // include: see the top); false when fmt has no int8 kernels.
@@ -103,11 +161,6 @@ struct Act {
   int64_t K, nb;
 };
 
-inline __m256 scales8(const uint8_t* p, bool f16) {
-  return f16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
-             : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-}
-
 // The 32 value bytes of step s (0..7) of a block: lane r = row r's values 4s .. 4s+3.
 template <class P>
 inline __m256i step_values(const uint8_t* blk, int s) {
@@ -115,8 +168,11 @@ inline __m256i step_values(const uint8_t* blk, int s) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * s));
   } else {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (s & 3)));
-    const __m256i v = s < 4 ? raw : _mm256_srli_epi16(raw, 4);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    const __m256i lo = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    if constexpr (P::bits == 4) return lo;
+    const __m256i hraw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * (s >> 2)));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hraw, 2 * (s & 3)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
   }
 }
 
@@ -230,28 +286,27 @@ inline void store_tail(const float* t, int64_t n, const float* bias, bool accumu
   }
 }
 
-// MB tokens (rows m0.. of the activations) x the 8 output rows of group g.  y rows have stride N;
+// MB tokens (rows m0.. of the activations) x the 8 output rows of group g.  y rows have stride ldy;
 // rows past N (the padded group's) are not written.
 template <class P, int MB>
 inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t m0, float* y, int64_t N,
-                 const float* bias, bool accumulate) {
-  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>();
+                 int64_t ldy, const float* bias, bool accumulate) {
   __m256 acc[MB];
 #pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+  const uint8_t* grp = w + g * gstride;
   for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk = w + g * gstride + b * block_bytes<P>();
+    const uint8_t* blk = grp + block_offset_for(SS_PQ(P), b);
     for (int l = 0; l < block_bytes<P>(); l += 64)
       _mm_prefetch(reinterpret_cast<const char*>(blk + SS_Q8_PREFETCH + l), _MM_HINT_T0);
     __m256i ia[MB], half[MB];
     block_sums<P, MB>(blk, a, m0, b, ia, half);
-    const __m256 dw = scales8(blk + VB, P::f16);
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (P::min) mw = scales8(blk + VB + SB, P::f16);
+    __m256 dw, mw = _mm256_setzero_ps();
+    block_scales<P>(grp, b, blk, &dw, &mw);
     __m256i sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();
     if constexpr (P::halves) {
-      sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB)));
-      sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + VB + SB + 8)));
+      sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + halves_offset<P>())));
+      sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + halves_offset<P>() + 8)));
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
@@ -271,7 +326,7 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
   const int64_t n0 = g * 8;
 #pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) {
-    float* dst = y + (m0 + i) * N + n0;
+    float* dst = y + (m0 + i) * ldy + n0;
     if (n0 + 8 <= N) {
       __m256 v = acc[i];
       if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
@@ -324,18 +379,19 @@ inline void token_runs(int64_t M, F&& f) {
 // All M tokens against group g, in token_runs.
 template <class P>
 inline void tokens_tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
-                        const float* bias, bool acc) {
-  token_runs(M, [&](auto mb, int64_t m) { tile<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, bias, acc); });
+                        int64_t ldy, const float* bias, bool acc) {
+  token_runs(M, [&](auto mb, int64_t m) { tile<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, ldy, bias, acc); });
 }
 
 // Every token against every group: the groups split over the threads, each running all tokens (so a
-// group's weights are read from memory once per pass and from cache for the later tokens).
+// group's weights are read from memory once per pass and from cache for the later tokens).  y [M, ldy]:
+// its first N columns are written.
 template <class P>
-void packed_linear(const Act& a, int64_t M, const uint8_t* w, int64_t N, const float* bias, float* y, bool acc,
-                   int threads) {
-  const int64_t groups = (N + 7) / 8, gstride = a.nb * block_bytes<P>();
+void packed_linear(const Act& a, int64_t M, const uint8_t* w, int64_t N, int64_t ldy, const float* bias, float* y,
+                   bool acc, int threads) {
+  const int64_t groups = (N + 7) / 8, gstride = group_bytes<P>(a.nb);
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t g = 0; g < groups; ++g) tokens_tile<P>(w, gstride, g, a, M, y, N, bias, acc);
+  for (int64_t g = 0; g < groups; ++g) tokens_tile<P>(w, gstride, g, a, M, y, N, ldy, bias, acc);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // One instruction-set path's entry points (SS_Q8_PATH, SS_Q8_ENTRY, SS_Q8_PEAK and, for the optional
 // paths, SS_Q8_COMPILED defined by the including file): y [M, N] = x W^T for activations already
-// quantized (see q8.h) and a packed weight of format fmt, and the path's multiply-add ceiling.
+// quantized (see q8.h) and a packed weight of format fmt (y [M, ldy], its first N columns), and the
+// path's multiply-add ceiling.
 // With SS_Q8_STUB (an optional path the compiler cannot build; compiled without its flags) the
 // entry points do nothing and SS_Q8_COMPILED says 0, so the path is never chosen.
 
@@ -8,7 +9,7 @@
 #include <cstdint>
 extern "C" {
 void SS_Q8_ENTRY(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t, const uint8_t*, int,
-                 int64_t, const float*, float*, int, int) {}
+                 int64_t, int64_t, const float*, float*, int, int) {}
 double SS_Q8_PEAK(int64_t, int, int32_t*) { return 0.0; }
 int SS_Q8_COMPILED() { return 0; }
 }
@@ -23,15 +24,15 @@ extern "C" int SS_Q8_COMPILED() { return 1; }
 #endif
 
 extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, const int32_t* hs, int64_t M,
-                            int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias, float* y,
-                            int accumulate, int threads) {
+                            int64_t K, const uint8_t* w, int fmt, int64_t N, int64_t ldy, const float* bias,
+                            float* y, int accumulate, int threads) {
   const Act a{q, d, sx, hs, K, K / 32};
   // the packed formats: 16 + the GGUF format's id (simd.h)
   with_format(fmt - 16, [&](auto p) {
 #if SS_Q8_PATH == 3
-    packed_linear_wide<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads);
+    packed_linear_wide<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
 #else
-    packed_linear<decltype(p)>(a, M, w, N, bias, y, accumulate != 0, threads);
+    packed_linear<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
 #endif
   });
 }

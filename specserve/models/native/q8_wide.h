@@ -23,14 +23,18 @@ inline __m512 join(__m256 lo, __m256 hi) {
 // Step s's value bytes of two blocks (groups g and g+1), as the multiply reads them.
 template <class P>
 inline __m512i step_values2(const uint8_t* b0, const uint8_t* b1, int s) {
+  auto both = [&](int off) {
+    return join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + off)),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + off)));
+  };
   if constexpr (P::bits == 8) {
-    return join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * s)),
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * s)));
+    return both(32 * s);
   } else {
-    const __m512i raw = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * (s & 3))),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * (s & 3))));
-    const __m512i v = s < 4 ? raw : _mm512_srli_epi16(raw, 4);
-    return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+    const __m512i raw = both(32 * (s & 3));
+    const __m512i lo = _mm512_and_si512(s < 4 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+    if constexpr (P::bits == 4) return lo;
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(both(128 + 32 * (s >> 2)), 2 * (s & 3)), _mm512_set1_epi8(3));
+    return _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
   }
 }
 
@@ -43,13 +47,14 @@ inline __m512i unbias2(__m512i raw, int32_t qsum) {
 // MB tokens x the 16 output rows of groups g, g+1 (q8.h's tile, two groups wide).
 template <class P, int MB>
 inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t m0, float* y, int64_t N,
-                  const float* bias, bool accumulate) {
-  constexpr int VB = value_bytes<P>(), SB = scale_bytes<P>(), BB = block_bytes<P>();
+                  int64_t ldy, const float* bias, bool accumulate) {
+  constexpr int BB = block_bytes<P>(), HO = halves_offset<P>();
   __m512 acc[MB];
 #pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* b0 = w + g * gstride + b * BB;
+    const uint8_t* g0 = w + g * gstride;
+    const uint8_t* b0 = g0 + block_offset_for(SS_PQ(P), b);
     const uint8_t* b1 = b0 + gstride;
     for (int l = 0; l < BB; l += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(b0 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
@@ -76,14 +81,15 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
         }
       }
     }
-    const __m512 dw = join(scales8(b0 + VB, P::f16), scales8(b1 + VB, P::f16));
-    __m512 mw = _mm512_setzero_ps();
-    if constexpr (P::min) mw = join(scales8(b0 + VB + SB, P::f16), scales8(b1 + VB + SB, P::f16));
+    __m256 dw0, dw1, mw0 = _mm256_setzero_ps(), mw1 = _mm256_setzero_ps();
+    block_scales<P>(g0, b, b0, &dw0, &mw0);
+    block_scales<P>(g0 + gstride, b, b1, &dw1, &mw1);
+    const __m512 dw = join(dw0, dw1), mw = join(mw0, mw1);
     __m512i sc0 = _mm512_setzero_si512(), sc1 = _mm512_setzero_si512();
     if constexpr (P::halves) {
       auto eight = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
-      sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB), eight(b1 + VB + SB)));
-      sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + VB + SB + 8), eight(b1 + VB + SB + 8)));
+      sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + HO), eight(b1 + HO)));
+      sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(eight(b0 + HO + 8), eight(b1 + HO + 8)));
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
@@ -103,7 +109,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
   const int64_t n0 = g * 8;
 #pragma GCC unroll 16
   for (int i = 0; i < MB; ++i) {
-    float* dst = y + (m0 + i) * N + n0;
+    float* dst = y + (m0 + i) * ldy + n0;
     if (n0 + 16 <= N) {
       __m512 v = acc[i];
       if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n0));
@@ -120,20 +126,20 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
 // All M tokens against groups g, g+1, in q8.h's token_runs.
 template <class P>
 inline void tokens_tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
-                         const float* bias, bool acc) {
-  token_runs(M, [&](auto mb, int64_t m) { tile2<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, bias, acc); });
+                         int64_t ldy, const float* bias, bool acc) {
+  token_runs(M, [&](auto mb, int64_t m) { tile2<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, ldy, bias, acc); });
 }
 
 // Every token against every group, groups in pairs split over the threads (an odd last group on the
 // 256-bit tile).
 template <class P>
-void packed_linear_wide(const Act& a, int64_t M, const uint8_t* w, int64_t N, const float* bias, float* y, bool acc,
-                        int threads) {
-  const int64_t groups = (N + 7) / 8, pairs = groups / 2, gstride = a.nb * block_bytes<P>();
+void packed_linear_wide(const Act& a, int64_t M, const uint8_t* w, int64_t N, int64_t ldy, const float* bias, float* y,
+                        bool acc, int threads) {
+  const int64_t groups = (N + 7) / 8, pairs = groups / 2, gstride = group_bytes<P>(a.nb);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k <= pairs; ++k) {
-    if (k < pairs) tokens_tile2<P>(w, gstride, 2 * k, a, M, y, N, bias, acc);
-    else if (groups % 2) tokens_tile<P>(w, gstride, groups - 1, a, M, y, N, bias, acc);
+    if (k < pairs) tokens_tile2<P>(w, gstride, 2 * k, a, M, y, N, ldy, bias, acc);
+    else if (groups % 2) tokens_tile<P>(w, gstride, groups - 1, a, M, y, N, ldy, bias, acc);
   }
 }
 

@@ -48,6 +48,11 @@ inline int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads();
 enum Fmt : int { F32 = 0, F16 = 1, Q8_0 = 2, Q4_1 = 3, Q4_0 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
 // A weight packed for int8 activations (q8.h) has format PACKED + the GGUF format it came from.
 constexpr int PACKED = 16;
+// A fused weight (QKV) whose parts are packed in different formats: MIXED_HEADER bytes of int64
+// {parts, then per part: packed format, rows (a multiple of 8), byte offset of its packed data from
+// the weight's start}, then the parts' packed data.
+constexpr int MIXED = 64;
+constexpr int MIXED_HEADER = 128;
 // The library's interface version (ss_abi_version, SsPass::version; ABI_VERSION in abi.py): bumped
 // whenever an exported function's arguments or the structures ss_forward reads change.
 constexpr int64_t ABI_VERSION = 12;
