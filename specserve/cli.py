@@ -51,6 +51,8 @@ def _make_model_parser(m: argparse.ArgumentParser) -> None:
     m.add_argument("--out", required=True, help="the .gguf file to write")
     m.add_argument("--seed", type=int, default=0, help="the weights' seed (the same seed writes the same file)")
     m.add_argument("--layers", type=int, default=None, help="fewer (or more) layers than the shape has")
+    m.add_argument("--vocab", type=int, default=None,
+                   help="another vocabulary size (a draft model's shape with its target's vocabulary)")
 
 
 def _generate_parser(g: argparse.ArgumentParser) -> None:
@@ -318,7 +320,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
     from specserve.models.make import make_model
     from specserve.models.shapes import shape_named
-    shape = shape_named(args.shape, args.layers)
+    shape = shape_named(args.shape, args.layers, args.vocab)
     t = time.perf_counter()
     size = make_model(shape, args.quant, args.out, args.seed)
     print(f"{args.out}: random-weight {shape.name} ({shape.layers} layers), {args.quant}, {size / 2**20:.0f} MiB "

@@ -141,8 +141,9 @@ def test_fused_parts_of_different_formats_pack_each_in_its_own():
             assert torch.equal(nt.linear(x, mixed, bias, out=base.clone(), accumulate=True), base + expect)
     # one format fuses into one block weight; for f32 activations parts become one weight: Q8_0 where
     # every part's blocks are Q8_0 blocks exactly, else fp32 rows
-    same = pk.fuse([make_weight(nt.Q4_K, 8, 256)[0], make_weight(nt.Q4_K, 8, 256, seed=1)[0]])
-    assert isinstance(same, nt.NativeWeight) and same.fmt == nt.Q4_K
+    a, b = make_weight(nt.Q4_K, 8, 256)[0], make_weight(nt.Q4_K, 8, 256, seed=1)[0]
+    same = pk.PackedWeight.pack(pk.fuse([a, b]))            # packed side by side, no stacked copy first
+    assert same.fmt == pk.PACKED + nt.Q4_K and torch.equal(same.data, pk.PackedWeight.pack(nt.NativeWeight.cat([a, b])).data)
     q8 = pk.fuse([make_weight(nt.Q5_0, 8, 64)[0], make_weight(nt.Q8_0, 8, 64)[0]]).as_float()
     assert q8.fmt == nt.Q8_0
     assert fused.as_float().fmt == nt.F32 and torch.equal(fused.as_float().dequantize(), mixed.dequantize())

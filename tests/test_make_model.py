@@ -57,6 +57,12 @@ def test_shapes_and_their_errors():
     gemma = sum(int(np.prod(t.dims)) for t in tensor_plan(SHAPES["gemma3-1b"], "q8_0"))
     assert 0.99e9 < gemma < 1.01e9                         # Gemma 3 1B: 1.000 B
     assert shape_named("llama3.2-1b", layers=2).layers == 2
+    small = sum(int(np.prod(t.dims)) for t in tensor_plan(SHAPES["smollm2-135m"], "q8_0"))
+    assert 0.134e9 < small < 0.136e9                       # SmolLM2-135M: 134.5 M
+    draft = shape_named("smollm2-135m", vocab=128256)      # a draft with the 1B target's vocabulary
+    assert draft.vocab == 128256 and draft.hidden == 576
+    with pytest.raises(SpecserveError, match="--vocab must be >= 1"):
+        shape_named("smollm2-135m", vocab=0)
     with pytest.raises(SpecserveError, match="unknown shape 'llama9'; choose from llama3.2-1b"):
         shape_named("llama9")
     with pytest.raises(SpecserveError, match="--layers must be >= 1"):
@@ -159,6 +165,11 @@ def test_written_file_runs_and_speculation_is_exact(tmp_path, shape, quant):
     assert runs["none"].tokens == runs["ngram-tree"].tokens == runs["draft-model"].tokens
     assert runs["draft-model"].stats.drafted_tokens > 0
     assert llm.target.config.vocab_size == shape.vocab
+    if quant == "q4_k_m":     # layer 1 (llama.cpp's "more bits") has a Q6_K v: its QKV runs as mixed parts
+        from specserve.models.native import Q4_K
+        from specserve.models.native.packed import MIXED, PACKED
+        layers = llm.target.model.layers
+        assert layers[0].qkv.fmt == PACKED + Q4_K and layers[1].qkv.fmt == MIXED
 
 
 @pytest.mark.slow

@@ -48,6 +48,22 @@ class GGUFTensor:
     data: np.ndarray                # read-only view of the map: typed for F32/F16/I*, else uint8 blocks
 
 
+def release_mapped(w) -> None:
+    """Let go of the resident pages under a block weight read in place from a file's map (marked
+    ``mapped`` by the loader) once nothing reads it any more: the whole pages inside its bytes leave
+    this process's resident memory (a later read would fault them back from the page cache).  Any
+    other weight is left alone."""
+    if not getattr(w, "mapped", False):
+        return
+    import ctypes
+    import mmap
+
+    start, n = w.data.data_ptr(), w.data.numel()
+    lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + n) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo and hasattr(mmap, "MADV_DONTNEED"):
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
 class GGUFFile:
     """``fields``: key -> Python value (str, int, float, bool, list), or ``Skipped`` for an array
     whose key is in ``skip``; ``tensors``: in file order.  Where each part lies in the file (byte

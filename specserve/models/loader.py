@@ -337,8 +337,10 @@ def _gguf_tensor(t, keep_blocks: bool, path: str) -> "torch.Tensor | NativeWeigh
         with warnings.catch_warnings():          # the map is read-only, and nothing writes weights
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(np.asarray(t.data)).view(torch.uint8)
-        return NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
-                            (int(t.shape[1]), int(t.shape[0])))
+        w = NativeWeight(data.reshape(int(t.shape[1]), -1), _NATIVE_GGUF[t.tensor_type.name],
+                         (int(t.shape[1]), int(t.shape[0])))
+        w.mapped = True                          # read in place: gguf_file.release_mapped may let it go
+        return w
     try:
         return torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
     except NotImplementedError:

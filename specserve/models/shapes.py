@@ -72,18 +72,25 @@ SHAPES = {s.name: s for s in (
           qkv_bias=True),
     Shape("llama3.1-8b", "llama", 128256, 4096, 32, 32, 8, 128, 14336, 500000.0, 1e-5, False, 131072, "default",
           llama3_rope=(8.0, 1.0, 4.0, 8192)),
+    # a draft model's shape (SmolLM2-135M): give it the target's vocabulary (``shape_named(vocab=...)``)
+    Shape("smollm2-135m", "llama", 49152, 576, 30, 9, 3, 64, 1536, 100000.0, 1e-5, True, 8192, "default"),
     Shape("gemma3-1b", "gemma3", 262144, 1152, 26, 4, 1, 256, 6912, 1000000.0, 1e-6, True, 32768, "gemma3-270m",
           sliding_window=512),
 )}
 
 
-def shape_named(name: str, layers: int | None = None) -> Shape:
-    """A shape by name, optionally with fewer (or more) layers; a clear error for an unknown name."""
+def shape_named(name: str, layers: int | None = None, vocab: int | None = None) -> Shape:
+    """A shape by name, optionally with fewer (or more) layers or another vocabulary size (a draft
+    model's shape given its target's vocabulary); a clear error for an unknown name."""
     if name not in SHAPES:
         raise SpecserveError(f"unknown shape {name!r}; choose from {', '.join(SHAPES)}")
     if layers is not None and layers < 1:
         raise SpecserveError("--layers must be >= 1")
-    return replace(SHAPES[name], layers=layers) if layers is not None else SHAPES[name]
+    if vocab is not None and vocab < 1:
+        raise SpecserveError("--vocab must be >= 1")
+    shape = SHAPES[name]
+    shape = replace(shape, layers=layers) if layers is not None else shape
+    return replace(shape, vocab=vocab) if vocab is not None else shape
 
 
 @dataclass(frozen=True)

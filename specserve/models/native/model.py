@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from specserve.limits import NO_LIMIT
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import PARTS, ForwardOutput, Layout, OnCpu, PartTimer, logit_rows
+from specserve.models.gguf_file import release_mapped
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
@@ -133,11 +134,14 @@ class _Layer:
                        cos=self.cos.data_ptr(), sin=self.sin.data_ptr(), window=self.window, act=int(self.gelu))
 
     def pack(self) -> None:
-        """Repack every block weight for int8 activations (float weights keep float math)."""
+        """Repack every block weight for int8 activations (float weights keep float math); the pages of
+        blocks read in place from a file's map are let go once packed."""
         for name in ("qkv", "o", "gate_up", "down"):
             w = getattr(self, name)
             if packable(w):
                 setattr(self, name, PackedWeight.pack(w))
+                for part in (w.parts if isinstance(w, FusedParts) else [w]):
+                    release_mapped(part)
 
     def for_float_activations(self) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
@@ -166,10 +170,15 @@ class NativeTransformer(OnCpu, nn.Module):
         self.lib = library()
         self.config = cfg
         self.embed = as_native(sd["model.embed_tokens.weight"])
-        self.layers = [_Layer(cfg, sd, i) for i in range(cfg.num_layers)]
+        self.activations = self._choose_activations(activations, sd)
+        self.layers = []
+        for i in range(cfg.num_layers):           # each layer packed as it is built: the file's blocks
+            layer = _Layer(cfg, sd, i)            # and their packed copy are held at once one layer at a time
+            layer.pack() if self.activations == "int8" else layer.for_float_activations()
+            self.layers.append(layer)
         self.norm = _f32(sd["model.norm.weight"])
         self.lm_head = self.embed if cfg.tie_word_embeddings else as_native(sd["lm_head.weight"])
-        self.activations = self._set_activations(activations)
+        self._set_head()
         self.positions = cfg.max_position_embeddings + 2 * KEY_BLOCK
         tables = rope_tables_by_base(cfg, self.positions)       # one pair per rotary base, shared by its layers
         for i, layer in enumerate(self.layers):
@@ -183,25 +192,29 @@ class NativeTransformer(OnCpu, nn.Module):
         self.layers, so the pointers stay valid)."""
         return (SsLayer * len(self.layers))(*[layer.entry() for layer in self.layers])
 
-    def _set_activations(self, activations: str) -> str:
-        """Pack the block weights for int8 activations unless ``f32`` was asked for; ``int8`` on a
-        model with no block weights is refused (nothing would change)."""
-        blocks = [w for layer in self.layers for w in layer.weights() if packable(w)]
+    @staticmethod
+    def _choose_activations(activations: str, sd: dict) -> str:
+        """int8 over block weights unless ``f32`` was asked for; ``int8`` on a model whose layers have
+        no block weights is refused (nothing would change)."""
+        blocks = any(".layers." in name and packable(as_native(w)) for name, w in sd.items()
+                     if isinstance(w, NativeWeight))
         if activations == "f32" or (activations == "auto" and not blocks):
-            for layer in self.layers:
-                layer.for_float_activations()
-            self.lm_head = for_float_activations(self.lm_head)
             return "f32"
         if not blocks:
             raise ValueError("activations=int8 needs quantized (GGUF block) weights; this model's are float")
-        for layer in self.layers:
-            layer.pack()
-        tied = self.lm_head is self.embed
-        if packable(self.lm_head):
-            self.lm_head = PackedWeight.pack(self.lm_head)
-            if tied:              # the packed rows read back exactly: one copy serves both
-                self.embed = self.lm_head
         return "int8"
+
+    def _set_head(self) -> None:
+        """The output matrix as the activations run it (tied to the embedding: one packed copy serves
+        both, its rows read back exactly)."""
+        if self.activations == "f32":
+            self.lm_head = for_float_activations(self.lm_head)
+        elif packable(self.lm_head):
+            tied = self.lm_head is self.embed
+            source, self.lm_head = self.lm_head, PackedWeight.pack(self.lm_head)
+            if tied:
+                self.embed = self.lm_head
+                release_mapped(source)
 
     def layer_subset(self, keep: list[int]) -> "NativeTransformer":
         """A decoder that runs only layers ``keep`` (in order) of this one, sharing every weight."""

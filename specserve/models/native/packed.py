@@ -31,15 +31,22 @@ class PackedWeight(BlockWeight):
 
     @classmethod
     def pack(cls, w: "NativeWeight | FusedParts") -> "PackedWeight":
-        if isinstance(w, FusedParts):
+        """``w`` in the packed layout.  Fused parts of one format whose row counts (but the last's) fill
+        whole groups of 8 pack side by side into one weight of that format (the layout's groups never
+        straddle two parts); parts of different formats pack as a ``MixedPacked``."""
+        parts = w.parts if isinstance(w, FusedParts) else [w]
+        if len({p.fmt for p in parts}) > 1 or any(p.shape[0] % 8 for p in parts[:-1]):
             return MixedPacked.pack(w)
-        n, k = w.shape
-        size = int(library().ss_packed_bytes(w.fmt, n, k))
-        if size < 0:
-            raise ValueError(f"{FORMAT_NAMES[w.fmt]} weights have no int8 kernels (float weights keep float math)")
-        out = torch.empty(size, dtype=torch.uint8)
-        library().ss_pack(w.data.data_ptr(), w.fmt, n, k, out.data_ptr())
-        return cls(out, PACKED + w.fmt, (n, k))
+        fmt, k = parts[0].fmt, parts[0].shape[1]
+        sizes = [int(library().ss_packed_bytes(fmt, p.shape[0], k)) for p in parts]
+        if min(sizes) < 0:
+            raise ValueError(f"{FORMAT_NAMES[fmt]} weights have no int8 kernels (float weights keep float math)")
+        out = torch.empty(sum(sizes), dtype=torch.uint8)
+        at = out.data_ptr()
+        for p, size in zip(parts, sizes):
+            library().ss_pack(p.data.data_ptr(), fmt, p.shape[0], k, at)
+            at += size
+        return cls(out, PACKED + fmt, (sum(p.shape[0] for p in parts), k))
 
 
 class FusedParts:
@@ -58,10 +65,10 @@ class FusedParts:
 
 
 def fuse(parts: list[NativeWeight]) -> "NativeWeight | FusedParts":
-    """Parts stacked along out_features: one block weight where they share a format, else
-    ``FusedParts`` where every part has int8 kernels (each packs in its own bits), else one weight
+    """Parts stacked along out_features: ``FusedParts`` where every part has int8 kernels (packed into
+    one weight, with no stacked copy of the blocks; see ``PackedWeight.pack``), else one weight
     (``NativeWeight.cat``)."""
-    if len({p.fmt for p in parts}) > 1 and len(parts) <= (MIXED_HEADER // 8 - 1) // 3 and all(map(packable, parts)):
+    if len(parts) <= (MIXED_HEADER // 8 - 1) // 3 and all(map(packable, parts)):
         return FusedParts(parts)
     return NativeWeight.cat(parts)
 
@@ -77,7 +84,7 @@ class MixedPacked(PackedWeight):
 
     @classmethod
     def pack(cls, w: FusedParts) -> "MixedPacked":
-        parts = [PackedWeight.pack(p) for p in w.parts]
+        parts = [PackedWeight.pack(p) for p in w.parts]         # each a NativeWeight: packed alone
         header, offset = [len(parts)], MIXED_HEADER
         for p in parts:
             header += [p.fmt, p.shape[0], offset]
