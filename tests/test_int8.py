@@ -216,6 +216,12 @@ def test_activations_setting():
     b = int8(ids, int8.new_cache(1, 64), [0], [0]).logits
     assert not torch.equal(a, b) and ((a - b).norm() / a.norm()).item() < 0.1     # close, not equal
     assert torch.equal(int8.weight_rows("embed", torch.tensor([3, 9])), f32.weight_rows("embed", torch.tensor([3, 9])))
+    # Q4_0 blocks: the int8 kernels read their 4 bits; fp32 activations run them (fused ones too) as Q8_0
+    sd4 = quantized(tiny_state_dict(tiny_config(vocab=64), 1), fmt=nt.Q4_0)
+    f32 = tiny_model(seed=1, vocab=64, sd=sd4, activations="f32").model
+    int8 = tiny_model(seed=1, vocab=64, sd=sd4).model
+    assert {f32.layers[0].qkv.fmt, f32.layers[0].gate_up.fmt, f32.layers[0].o.fmt} == {nt.Q8_0}
+    assert {int8.layers[0].qkv.fmt, int8.layers[0].gate_up.fmt, int8.layers[0].o.fmt} == {pk.PACKED + nt.Q4_0}
 
 
 def test_float_weights_quantized_to_q8_0_for_the_heads():

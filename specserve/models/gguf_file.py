@@ -70,15 +70,6 @@ class GGUFFile:
     offsets, end exclusive): ``field_spans`` (key -> (start, end) of its key, type and value),
     ``infos_span`` (the tensor infos) and ``data_start`` (the aligned data section)."""
 
-    def drop_pages(self) -> None:
-        """Unmap the pages read so far from this process (the file stays mapped: a later read faults
-        them back in from the page cache), so weights already repacked elsewhere stop counting in its
-        resident memory."""
-        import mmap
-
-        if hasattr(mmap, "MADV_DONTNEED") and getattr(self._map, "_mmap", None) is not None:
-            self._map._mmap.madvise(mmap.MADV_DONTNEED)
-
     def __init__(self, path: str, skip: Iterable[str] = ()):
         self.path = path
         self._skip = set(skip)

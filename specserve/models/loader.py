@@ -20,7 +20,7 @@ from specserve.errors import SpecserveError
 from specserve.host import cache_root
 from specserve.models.config import ModelConfig
 from specserve.models.decoder import Decoder
-from specserve.models.gguf_file import GGUFFile
+from specserve.models.gguf_file import GGUFFile, release_mapped
 from specserve.models.layers import ATTENTION, LINEAR_KERNELS, fbgemm_available
 from specserve.models.llama import Transformer
 from specserve.models.native import (F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, NativeWeight,
@@ -195,9 +195,8 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
     opts = (options or RuntimeOptions()).resolve()
     path = resolve_model_path(spec)
     native = opts.kernels == "native"
-    reader = None
     if path.endswith(".gguf"):
-        cfg, sd, reader = _read_gguf(path, keep_blocks=native)
+        cfg, sd = _read_gguf(path, keep_blocks=native)
     else:
         cfg, sd = _read_hf_dir(path)
     try:
@@ -206,8 +205,6 @@ def load_model(spec: str, options: RuntimeOptions | None = None) -> LoadedModel:
         raise SpecserveError(f"{path}: missing weight {e.args[0]!r}") from None
     except ValueError as e:
         raise SpecserveError(f"{path}: {e}") from None
-    if reader is not None:        # block weights were read in place from the file's map: once repacked,
-        reader.drop_pages()       # its pages need not stay resident (those still used fault back in)
     return LoadedModel(model=model, config=cfg, path=path, options=opts)
 
 
@@ -266,11 +263,12 @@ _NATIVE_GGUF = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": 
 _TOKENIZER_ARRAYS = frozenset(f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges"))
 
 
-def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict, GGUFFile]:
-    """Config, Hugging Face-named weights and the reader of a GGUF file.  With ``keep_blocks``, matrices
-    in a format the native kernels read stay in their blocks (``NativeWeight``), read in place from the
-    file's read-only map (no copy: the kernels never write weights); otherwise everything is
-    dequantized to fp32 by gguf's reference code."""
+def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict]:
+    """Config and Hugging Face-named weights of a GGUF file.  With ``keep_blocks``, matrices in a
+    format the native kernels read stay in their blocks (``NativeWeight``), read in place from the
+    file's read-only map (no copy: the kernels never write weights; the decoder lets their pages go
+    once it has repacked them, ``gguf_file.release_mapped``); otherwise everything is dequantized to
+    fp32 by gguf's reference code."""
     try:
         reader = GGUFFile(path, skip=_TOKENIZER_ARRAYS)
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
@@ -293,11 +291,12 @@ def _read_gguf(path: str, keep_blocks: bool = False) -> tuple[ModelConfig, dict,
         if kind in ("attn_q", "attn_k") and permuted:
             heads = cfg.num_heads if kind == "attn_q" else cfg.num_kv_heads
             if isinstance(w, NativeWeight):      # whole rows move: blocks never straddle rows
-                w = NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
+                source, w = w, NativeWeight(_gguf_unpermute(w.data, heads).contiguous(), w.fmt, w.shape)
+                release_mapped(source)           # a copy: the mapped rows are read no more
             else:
                 w = _gguf_unpermute(w, heads)
         sd[name] = w
-    return cfg, sd, reader
+    return cfg, sd
 
 
 def _gguf_config(reader: GGUFFile) -> ModelConfig:

@@ -63,21 +63,15 @@ class NativeWeight(BlockWeight):
 
     @staticmethod
     def cat(parts: list["NativeWeight"]) -> "NativeWeight":
-        """Stack along out_features (fused QKV / gate-up): ``cat_exact`` where the parts' formats allow,
-        else fp32 rows."""
-        return NativeWeight.cat_exact(parts) or NativeWeight.from_float(torch.cat([p.dequantize() for p in parts]))
-
-    @staticmethod
-    def cat_exact(parts: list["NativeWeight"]) -> "NativeWeight | None":
-        """Stack along out_features in one block format without changing a value, or None where the
-        parts' formats have no common one.  Q4_0 / Q5_0 blocks are Q8_0 blocks with small q (GGUF
-        K-quant mixes store q and k as Q5_0 beside a Q8_0 v)."""
+        """Stack along out_features (fused QKV / gate-up).  Parts of different formats are brought to
+        one without changing a value: Q4_0 / Q5_0 blocks are Q8_0 blocks with small q (GGUF K-quant
+        mixes store q and k as Q5_0 beside a Q8_0 v); anything else falls back to fp32 rows."""
         k = parts[0].shape[1]
         if len({p.fmt for p in parts}) > 1 and all(p.fmt in (Q4_0, Q5_0, Q8_0) for p in parts):
             parts = [p.as_q8_0() for p in parts]
         fmt = parts[0].fmt
         if any(p.fmt != fmt or p.shape[1] != k for p in parts):
-            return None
+            return NativeWeight.from_float(torch.cat([p.dequantize() for p in parts]))
         return NativeWeight(torch.cat([p.data for p in parts]), fmt, (sum(p.shape[0] for p in parts), k))
 
     def as_q8_0(self) -> "NativeWeight":

@@ -56,7 +56,7 @@ def for_float_activations(w: "NativeWeight | FusedParts") -> NativeWeight:
     there cost more than reading the wider blocks, BENCHMARKS.md section 11), fused parts of
     different formats as one.  (The int8 kernels read each format's own bits.)"""
     if isinstance(w, FusedParts):
-        return w.as_float()
+        return w.as_float(for_float_activations)
     return w.as_q8_0() if isinstance(w, NativeWeight) and w.fmt in (Q4_0, Q5_0) else w
 
 
@@ -196,8 +196,7 @@ class NativeTransformer(OnCpu, nn.Module):
     def _choose_activations(activations: str, sd: dict) -> str:
         """int8 over block weights unless ``f32`` was asked for; ``int8`` on a model whose layers have
         no block weights is refused (nothing would change)."""
-        blocks = any(".layers." in name and packable(as_native(w)) for name, w in sd.items()
-                     if isinstance(w, NativeWeight))
+        blocks = any(".layers." in name and packable(w) for name, w in sd.items())
         if activations == "f32" or (activations == "auto" and not blocks):
             return "f32"
         if not blocks:
@@ -214,7 +213,7 @@ class NativeTransformer(OnCpu, nn.Module):
             source, self.lm_head = self.lm_head, PackedWeight.pack(self.lm_head)
             if tied:
                 self.embed = self.lm_head
-                release_mapped(source)
+            release_mapped(source)
 
     def layer_subset(self, keep: list[int]) -> "NativeTransformer":
         """A decoder that runs only layers ``keep`` (in order) of this one, sharing every weight."""

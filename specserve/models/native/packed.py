@@ -10,6 +10,9 @@ them).  ``activations=f32`` keeps fp32 activations against exactly dequantized w
 
 from __future__ import annotations
 
+import itertools
+from typing import Callable
+
 import torch
 
 from specserve.models.native import FORMAT_NAMES, Q8_0, BlockWeight, NativeWeight, library
@@ -31,28 +34,39 @@ class PackedWeight(BlockWeight):
 
     @classmethod
     def pack(cls, w: "NativeWeight | FusedParts") -> "PackedWeight":
-        """``w`` in the packed layout.  Fused parts of one format whose row counts (but the last's) fill
-        whole groups of 8 pack side by side into one weight of that format (the layout's groups never
-        straddle two parts); parts of different formats pack as a ``MixedPacked``."""
+        """``w`` in the packed layout, each part packed once into one allocation.  Fused parts of one
+        format whose row counts (but the last's) fill whole groups of 8 lie side by side as one weight
+        of that format (the layout's groups never straddle two parts); parts of different formats
+        make a ``MixedPacked``: its header, then the parts."""
         parts = w.parts if isinstance(w, FusedParts) else [w]
-        if len({p.fmt for p in parts}) > 1 or any(p.shape[0] % 8 for p in parts[:-1]):
-            return MixedPacked.pack(w)
-        fmt, k = parts[0].fmt, parts[0].shape[1]
-        sizes = [int(library().ss_packed_bytes(fmt, p.shape[0], k)) for p in parts]
+        k = parts[0].shape[1]
+        sizes = [int(library().ss_packed_bytes(p.fmt, p.shape[0], k)) for p in parts]
         if min(sizes) < 0:
-            raise ValueError(f"{FORMAT_NAMES[fmt]} weights have no int8 kernels (float weights keep float math)")
-        out = torch.empty(sum(sizes), dtype=torch.uint8)
-        at = out.data_ptr()
+            bad = next(p for p, size in zip(parts, sizes) if size < 0)
+            raise ValueError(f"{FORMAT_NAMES[bad.fmt]} weights have no int8 kernels (float weights keep float math)")
+        mixed = len({p.fmt for p in parts}) > 1 or any(p.shape[0] % 8 for p in parts[:-1])
+        head = MIXED_HEADER if mixed else 0
+        out = torch.empty(head + sum(sizes), dtype=torch.uint8)
+        views, at = [], head
         for p, size in zip(parts, sizes):
-            library().ss_pack(p.data.data_ptr(), fmt, p.shape[0], k, at)
+            library().ss_pack(p.data.data_ptr(), p.fmt, p.shape[0], k, out[at:].data_ptr())
+            views.append(cls(out[at:at + size], PACKED + p.fmt, p.shape))
             at += size
-        return cls(out, PACKED + fmt, (sum(p.shape[0] for p in parts), k))
+        if not mixed:
+            return cls(out, PACKED + parts[0].fmt, w.shape)
+        header = [len(parts)]
+        for v, offset in zip(views, itertools.accumulate([head, *sizes[:-1]])):
+            header += [v.fmt, v.shape[0], offset]
+        out[:head].view(torch.int64)[:] = 0
+        out[:8 * len(header)].view(torch.int64)[:] = torch.tensor(header)
+        return MixedPacked(out, views, w.shape)
 
 
 class FusedParts:
-    """A fused weight (QKV) whose parts' block formats have no common one (a K-quant mix's Q6_K v
-    beside Q4_K q and k): packed part by part for int8 activations (``MixedPacked``), each in the
-    file's own bits; fp32 rows (``as_float``) only where float activations are asked for."""
+    """A fused weight (QKV, gate/up) kept as its parts until the activations are known: packed from
+    the parts for int8 activations (``PackedWeight.pack``: no stacked copy of the blocks, and parts of
+    different formats, such as a K-quant mix's Q6_K v beside Q4_K q and k, each in the file's own
+    bits); one block weight, or fp32 rows, for float activations (``as_float``)."""
 
     def __init__(self, parts: list[NativeWeight]):
         if len({p.shape[1] for p in parts}) > 1:
@@ -60,8 +74,9 @@ class FusedParts:
         self.parts = parts
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
 
-    def as_float(self) -> NativeWeight:
-        return NativeWeight.cat(self.parts)
+    def as_float(self, part: "Callable[[NativeWeight], NativeWeight]" = lambda p: p) -> NativeWeight:
+        """The parts (each through ``part`` first) stacked: ``NativeWeight.cat``."""
+        return NativeWeight.cat([part(p) for p in self.parts])
 
 
 def fuse(parts: list[NativeWeight]) -> "NativeWeight | FusedParts":
@@ -74,25 +89,14 @@ def fuse(parts: list[NativeWeight]) -> "NativeWeight | FusedParts":
 
 
 class MixedPacked(PackedWeight):
-    """``FusedParts`` packed: a header of int64 {parts, then per part: packed format, rows, byte offset}
-    in MIXED_HEADER bytes, then each part's packed data; one linear call quantizes the activations
-    once and runs each part on its own format's kernel into its columns."""
+    """``FusedParts`` of different formats packed (``PackedWeight.pack``): a header of int64 {parts,
+    then per part: packed format, rows, byte offset} in MIXED_HEADER bytes, then each part's packed
+    data (``parts``: views of it); one linear call quantizes the activations once and runs each part
+    on its own format's kernel into its columns."""
 
     def __init__(self, data: torch.Tensor, parts: list[PackedWeight], shape: tuple[int, int]):
         super().__init__(data, MIXED, shape)
         self.parts = parts
-
-    @classmethod
-    def pack(cls, w: FusedParts) -> "MixedPacked":
-        parts = [PackedWeight.pack(p) for p in w.parts]         # each a NativeWeight: packed alone
-        header, offset = [len(parts)], MIXED_HEADER
-        for p in parts:
-            header += [p.fmt, p.shape[0], offset]
-            offset += p.nbytes
-        head = torch.zeros(MIXED_HEADER // 8, dtype=torch.int64)
-        head[:len(header)] = torch.tensor(header)
-        data = torch.cat([head.view(torch.uint8)] + [p.data for p in parts])
-        return cls(data, parts, w.shape)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
