@@ -15,6 +15,8 @@ from specserve.models.loader import LoadedModel, RuntimeOptions, load_model
 from specserve.control import CostModel, PrefillPolicy
 from specserve.sampling import SamplingParams
 from specserve.tokenizer import Tokenizer, load_tokenizer
+from specserve.tools import CallFormat, Tool, call_format
+from specserve.tools.prompt import family_of, render, supports_tools
 
 DEFAULT_DRAFTER = "auto"       # what the Python API, the command line and the server load unless told
 
@@ -172,6 +174,21 @@ class LLM:
         if not prompt:
             raise SpecserveError("empty messages", "messages")
         return self.tokenizer.encode_chat(prompt)
+
+    def call_format(self, name: str = "auto") -> CallFormat:
+        """The tool-call format ``name`` (``hermes``, ``llama3_json``, ``pythonic``), or for ``auto``
+        the one this model's chat template implies (``tools.prompt.family_of``)."""
+        return call_format(family_of(self.tokenizer.hf.chat_template) if name == "auto" else name)
+
+    def encode_tools(self, messages: list[dict], tools: list[Tool], fmt: CallFormat) -> list[int]:
+        """A chat prompt with ``tools`` offered (may be empty) and the conversation's calls and tool
+        results, rendered by the chat template where it supports tools, else in ``fmt``'s own words
+        (``tools.prompt``)."""
+        if not messages:
+            raise SpecserveError("empty messages", "messages")
+        template = self.tokenizer.hf.chat_template
+        msgs, tool_docs = render(messages, tools, fmt, supports_tools(template))
+        return self.tokenizer.encode_chat(msgs, tool_docs)
 
     def request(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, drafter: str | None = None,
                 num_draft: int | str | None = None, stop: list[str] | None = None,

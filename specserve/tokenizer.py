@@ -29,11 +29,12 @@ class Tokenizer:
         """Plain completion prompt: the text's tokens (with BOS where the tokenizer adds one)."""
         return list(self.hf(text)["input_ids"])
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Chat prompt: the chat template applied, ending with the assistant's turn opener."""
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Chat prompt: the chat template applied, ending with the assistant's turn opener; ``tools``
+        (OpenAI's form) for a template that renders them."""
         if self.hf.chat_template is None:
             raise SpecserveError("this model's tokenizer has no chat template; use a raw prompt")
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:

@@ -285,3 +285,62 @@ def test_bench_soak_of_a_tiny_server(tiny_cli, tmp_path, capsys):
     assert engine["empty"] and engine["free_kv_rows"] == engine["max_batch"] == 2 and engine["drained"]
     assert {"ngram", "suffix"} <= set(report["config"]["drafters_loaded"]) and report["config"]["model"] == tiny_cli
     assert report["pools"]["end"]["suffix_corpus_tokens"] > report["pools"]["start"].get("suffix_corpus_tokens", 0)
+
+
+def _agent_workload(tmp_path) -> str:
+    """Two conversations over tools whose names and calls the toy vocabulary can spell."""
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+            "additionalProperties": False}
+    tools = {n: {"type": "function", "function": {"name": n, "description": f"the {n}", "parameters": city}}
+             for n in ("weather", "time")}
+    convs = [{"id": f"c{i}", "system": "use tools.", "tools": ["weather", "time"],
+              "turns": [{"user": "weather in oslo?", "tool_choice": "required"},
+                        {"user": "and the time?", "tool_choice": "time"}]} for i in range(2)]
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps({"tools": tools, "conversations": convs}))
+    return str(path)
+
+
+def test_bench_agent_loops_with_tool_calls(tiny_cli, tmp_path, capsys):
+    """Every constrained turn's call parses and validates, its stream adds up to it, speculation
+    changes no token; each forced call's result goes back as a tool turn before an ``auto`` turn
+    (the toy model then writes text to the token limit)."""
+    from specserve.cli import main
+
+    out = tmp_path / "agent-out.json"
+    assert main(["bench", "agent", "--model", tiny_cli, "--methods", "ngram:k=3,ngram-tree:k=4", "--workload",
+                 _agent_workload(tmp_path), "--tool-parser", "llama3_json", "--max-tokens", "64",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert "| ngram-tree:k=4 |" in capsys.readouterr().out
+    assert list(doc["summary"]) == ["none", "ngram:k=3", "ngram-tree:k=4"]
+    for label, s in doc["summary"].items():
+        assert s["generations"] == 8 and s["forced"] == 4 == s["forced_parsed"] == s["forced_valid"]
+        assert s["streamed_equal"] == 8 and s["divergent"] == 0
+    recs = doc["records"]["none"]
+    assert [r["tool_choice"] for r in recs[:4]] == ["required", "auto", "time", "auto"]
+    assert [r["calls"] for r in recs[:4]] == [1, 0, 1, 0]
+    assert json.loads(recs[2]["text"])["name"] == "time"
+
+
+def test_bench_agent_refuses_bad_input(tiny_cli, tmp_path):
+    from specserve.bench.agent import load_workload, summarise, tool_result
+    from specserve.cli import main
+
+    good = _agent_workload(tmp_path)
+    for argv in (["--max-tokens", "0"], ["--conversations", "0"], ["--tool-parser", "xml"],
+                 ["--workload", str(tmp_path / "missing.json")], ["--methods", "bogus"]):
+        assert main(["bench", "agent", "--model", tiny_cli, "--workload", good, *argv]) == 2
+    doc = json.loads(open(good).read())
+    doc["conversations"][0]["turns"][0]["tool_choice"] = "fly"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="tool_choice 'fly'"):
+        load_workload(str(tmp_path / "bad.json"))
+    assert tool_result("get_weather", {"city": "Oslo"}) == tool_result("get_weather", {"city": "Oslo"})
+    assert tool_result("get_weather", {"city": "Oslo"}) != tool_result("get_weather", {"city": "Rome"})
+    plain = [{"wall_s": 2.0, "tokens": [1, 2], "verify_passes": 2, "accepted_tokens": 0, "tool_choice": "required",
+              "calls": 1, "valid_calls": 1, "streamed_equal": True}]
+    fast = [dict(plain[0], wall_s=1.0, verify_passes=1, accepted_tokens=1)]
+    s = summarise(fast, plain)
+    assert s["speedup"] == 2.0 and s["mean_accepted_length"] == 2.0 and s["divergent"] == 0
+    assert summarise([dict(fast[0], tokens=[1, 3])], plain)["divergent"] == 1

@@ -100,7 +100,7 @@ def test_bench_keeps_its_options_beside_its_subcommands():
 
     args = build_parser().parse_args(["bench", "--methods", "none,ngram:k=4", "--concurrency", "1,4", "--no-plots"])
     assert (args.command, args.methods, args.concurrency, args.no_plots) == ("bench", "none,ngram:k=4", "1,4", True)
-    assert set(COMMANDS) == {"soak", "interleaved", "steps", "compare"}
+    assert set(COMMANDS) == {"soak", "interleaved", "steps", "compare", "agent"}
 
 
 def test_the_console_script_is_main():

@@ -164,8 +164,28 @@ def test_forced_text_is_drafted_for_free(target, grammar_vocab):
     assert text(pieces, plain.tokens) == "qrstuvw" and plain.tokens[-1] == EOS and plain.finish_reason == "stop"
     assert spec.tokens == plain.tokens
     assert plain.stats.target_passes == 8                 # the prefill gives "q"; 6 letters and the end
-    assert spec.stats.target_passes <= 3
-    assert spec.stats.forced_accepted == spec.stats.forced_tokens >= 6
+    assert spec.stats.target_passes == 2                  # the prefill, then "rstuvw" and the end in one pass
+    assert spec.stats.forced_accepted == spec.stats.forced_tokens == 7
+
+
+def test_forced_chains_run_on_to_the_end_of_text(grammar_vocab):
+    """Where the grammar allows only one token after a forced chain, or only end-of-text tokens, the
+    chain goes on with it: "xyz" is drafted as xy, z, then the end of text; with two end-of-text
+    tokens, the one the target wrote last (``Spelling.end``), else the lowest."""
+    from specserve.constrain import GrammarCompiler
+    from specserve.constrain.spelling import Spelling
+
+    comp, pieces, ix = grammar_vocab
+    m = comp.compile(GrammarSpec("regex", "xyz")).matcher()
+    assert shape(m, [], [], [], room=8, max_depth=10, jump=True).chains == [(-1, [ix["xy"], ix["z"], EOS])]
+    assert shape(m, [], [], [], room=2, max_depth=10, jump=True).chains == [(-1, [ix["xy"], ix["z"]])]
+    assert all(m.accept(t) for t in [ix["xy"], ix["z"], EOS]) and m.terminated
+    two = GrammarCompiler.from_vocab(pieces, [EOS, ix["q"]]).compile(GrammarSpec("regex", "xyz")).matcher()
+    assert shape(two, [], [], [], room=8, max_depth=10, jump=True).chains == [(-1, [ix["xy"], ix["z"], ix["q"]])]
+    seen = Spelling()
+    seen.end = EOS
+    chains = shape(two, [], [], [], room=8, max_depth=10, jump=True, spelling=seen).chains
+    assert chains == [(-1, [ix["xy"], ix["z"], EOS])]
 
 
 def test_schema_output_validates_and_matches_plain_sampled_per_seed(target, grammar_vocab):

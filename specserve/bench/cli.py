@@ -22,6 +22,7 @@ COMMANDS = {
                    "order, for several rounds",
     "steps": "where a decoding step's time goes, per method (the engine's timers), at concurrency 1",
     "compare": "the tokens of two `specserve bench` runs, method by method, on the prompts both ran",
+    "agent": "agent loops with tool calls (multi-turn, tool results fed back), every method against plain decoding",
 }
 
 
@@ -161,9 +162,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_parser(p: argparse.ArgumentParser) -> None:
+    model_arg(p)
+    p.add_argument("--methods", default="ngram,ngram-tree,suffix,lookahead,eagle,medusa,layerskip,auto",
+                   help="comma-separated drafter specs; plain decoding always runs, as the reference")
+    p.add_argument("--workload", default=None, help="a JSON file of tools and conversations (default: the shipped one)")
+    p.add_argument("--conversations", type=int, default=None, help="run the first N conversations (default: all)")
+    p.add_argument("--max-tokens", type=int, default=192, help="tokens per generation at most")
+    p.add_argument("--parallel-tool-calls", action="store_true", help="let constrained turns make several calls")
+    p.add_argument("--tool-parser", default="auto", help="the call format: hermes, llama3_json, pythonic, or auto "
+                   "(the chat template's)")
+    p.add_argument("--json", default=None, help="also write every generation and the summary to this JSON file")
+    runtime_args(p)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from specserve.bench.agent import AgentConfig, load_workload, render_agent, run_agent
+
+    if args.max_tokens < 1 or (args.conversations is not None and args.conversations < 1):
+        raise SpecserveError("--max-tokens and --conversations must be >= 1")
+    load_workload(args.workload)
+    if args.tool_parser != "auto":
+        from specserve.tools import call_format
+        call_format(args.tool_parser)
+    cfg = AgentConfig(_methods(args.methods), args.workload, args.conversations, args.max_tokens, args.model,
+                      args.parallel_tool_calls, args.tool_parser)
+    _writable(args.json, "--json")
+    doc = run_agent(cfg, runtime_options(args), log=lambda line: print(line, flush=True))
+    print(render_agent(doc))
+    _write_json(args.json, doc)
+    return 0
+
+
 _PARSERS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "soak": (_soak_parser, cmd_soak), "interleaved": (_interleaved_parser, cmd_interleaved),
     "steps": (_steps_parser, cmd_steps), "compare": (_compare_parser, cmd_compare),
+    "agent": (_agent_parser, cmd_agent),
 }
 
 

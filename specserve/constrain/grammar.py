@@ -89,6 +89,7 @@ class Matcher:
 
     def __init__(self, m, vocab_size: int):
         self.m, self.vocab_size = m, vocab_size
+        self.stop_ids = frozenset(m.stop_token_ids)
 
     def accept(self, token: int) -> bool:
         return bool(self.m.accept_token(token))

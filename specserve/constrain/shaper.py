@@ -48,6 +48,8 @@ class Shaper:
                 text = self.matcher.forced_text() if self.spelling is not None else ""
                 if text:
                     self.spelling.learn(self.last, text, t)
+                elif self.spelling is not None and t in self.matcher.stop_ids:
+                    self.spelling.end = t
                 if not self.matcher.accept(t):
                     raise RuntimeError(f"committed token {t} is outside the grammar")
             self.last = t

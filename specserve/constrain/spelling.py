@@ -26,6 +26,7 @@ class Spelling:
         self.capacity = capacity
         self.after: dict[tuple[int, str], int] = {}      # (previous token, forced text) -> token written
         self.alone: dict[str, int] = {}                  # forced text -> token written
+        self.end: int | None = None                      # the end-of-text token written last where the grammar ended
 
     def learn(self, prev: int, text: str, token: int) -> None:
         for table, key in ((self.after, (prev, text)), (self.alone, text)):
@@ -41,6 +42,7 @@ class Spelling:
     def reset(self) -> None:
         self.after.clear()
         self.alone.clear()
+        self.end = None
 
 
 def chain(matcher: Matcher, prev: int, budget: int, spelling: Spelling | None) -> list[int]:

@@ -15,8 +15,9 @@ path from the root.  A node is *forbidden* when the grammar rejects its token in
   with it the output distribution.  It is rejected with certainty, since p is 0 at its token;
 - at every kept node none of whose children the grammar allows (the root included), the tokens the
   grammar forces next are proposed as a chain below it (jump-forward), spelt as the target spelt that
-  text before where it did (``spelling``), else with xgrammar's tokens; where nothing is forced but
-  a mask allows exactly one token (an end of text), that token.  At a node whose allowed children are
+  text before where it did (``spelling``), else with xgrammar's tokens; where nothing (more) is
+  forced but a mask allows exactly one token (an end tag xgrammar does not jump to), or only
+  end-of-text tokens, that token (``only_tokens``), and so on while that holds.  At a node whose allowed children are
   all deterministic, a forced chain is added beside them when its first token is none of theirs (the
   drafter spelt the forced text otherwise: both spellings are verified).
 
@@ -57,6 +58,40 @@ def single_token(row: Tensor) -> int | None:
     return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
 
 
+def only_tokens(matcher: Matcher, head: list[int], budget: int, scratch: Tensor,
+                spelling: Spelling | None) -> list[int]:
+    """After ``head`` (tokens the grammar accepts from the matcher's state), the tokens that follow
+    because the grammar allows nothing else: one token alone (an end tag xgrammar does not jump to),
+    or the end of text where only end-of-text tokens are allowed (the one the target wrote last,
+    ``Spelling.end``, else the lowest); at most ``budget``.  The matcher is left as it was."""
+    for t in head:
+        matcher.accept(t)
+    out: list[int] = []
+    while len(out) < budget and not matcher.terminated:
+        matcher.fill(scratch, 0)
+        t = single_token(scratch[0])
+        if t is None:
+            t = only_end(scratch[0], matcher.stop_ids, spelling)
+        if t is None or not matcher.accept(t):
+            break
+        out.append(t)
+    matcher.rollback(len(head) + len(out))
+    return out
+
+
+def only_end(row: Tensor, stops: frozenset[int], spelling: Spelling | None) -> int | None:
+    """The end-of-text token to draft where a bitmask row ([W] int32) allows end-of-text tokens only
+    (None where it allows anything else, or nothing)."""
+    words = torch.nonzero(row).flatten().tolist()
+    if not words or len(words) > len(stops):
+        return None
+    ids = {32 * w + b for w in words for b in range(32) if (int(row[w]) & 0xFFFFFFFF) >> b & 1}
+    if not ids <= stops:
+        return None
+    last = spelling.end if spelling is not None else None
+    return last if last in ids else min(ids)
+
+
 def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[bool], room: int,
           max_depth: int, jump: bool, prev: int = -1, spelling: Spelling | None = None) -> Shaped:
     """Prune a draft to what the grammar allows and add the forced chains (see the module docstring).
@@ -75,10 +110,8 @@ def shape(matcher: Matcher, tokens: list[int], parents: list[int], drawn: list[b
         if budget <= 0:
             return
         chain = spelled(matcher, tokens[at] if at >= 0 else prev, budget, spelling)
-        if not chain and not beside:
-            matcher.fill(scratch, 0)
-            only = single_token(scratch[0])
-            chain = [only] if only is not None else []
+        if chain or not beside:
+            chain += only_tokens(matcher, chain, budget - len(chain), scratch, spelling)
         if chain and chain[0] not in beside:
             out.chains.append((at, chain))
 

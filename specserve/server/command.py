@@ -53,6 +53,9 @@ def add_serve_args(v: argparse.ArgumentParser) -> None:
                    "requests finish, for at most this many seconds; then what is left ends with an error "
                    "(server_shutting_down) and the process exits with status 0.  A second signal stops at "
                    "once (status 1)")
+    v.add_argument("--tool-parser", default=d.tool_parser, help="the format of tool calls the model writes and the "
+                   "server reads back and enforces: hermes (<tool_call> JSON: Qwen, SmolLM2, Hermes), llama3_json "
+                   "(Llama 3.1-3.3), pythonic ([f(x=1)]: Llama 3.2, Gemma 3); auto: the chat template's")
 
 
 def server_settings(args: argparse.Namespace, default_drafter: str) -> ServerSettings:
@@ -70,7 +73,7 @@ def server_settings(args: argparse.Namespace, default_drafter: str) -> ServerSet
                           request_timeout_s=args.request_timeout, limits=limits, default_drafter=default_drafter,
                           max_body_bytes=int(args.max_body_mb * MB), api_keys=keys,
                           metrics_public=args.metrics_public, request_log=not args.no_request_log,
-                          prefill=prefill, shutdown_timeout_s=args.shutdown_timeout)
+                          prefill=prefill, shutdown_timeout_s=args.shutdown_timeout, tool_parser=args.tool_parser)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -22,6 +22,20 @@ from specserve.server.requestlog import log_fields, result_fields
 from specserve.server.schemas import ChatRequest, CompletionRequest
 from specserve.server.settings import ServerSettings
 from specserve.server.streaming import Reply, TextStream, sse
+from specserve.constrain import GrammarSpec
+from specserve.tools import CallFormat, CallStream, ToolChoice, read, tools_of
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How a chat request's reply treats tools: the call format read back from its text, and the
+    grammar that constrains it to calls (``required`` or a named function; None: ``auto``)."""
+    fmt: CallFormat
+    grammar: GrammarSpec | None
+
+    @property
+    def forced(self) -> bool:
+        return self.grammar is not None
 
 
 @dataclass(frozen=True)
@@ -61,24 +75,48 @@ def add_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         try:
-            ids = svc.llm.encode([m.model_dump() for m in body.messages])
+            plan = tool_plan(svc, body)
+            messages = [m.doc() for m in body.messages]
+            if body.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+                ids = svc.llm.encode_tools(messages, tools_of(body.tools or []), svc.llm.call_format(
+                    svc.settings.tool_parser))
+            else:
+                ids = svc.llm.encode(messages)
         except SpecserveError as e:
-            return error(400, str(e), "messages")
+            return error(400, str(e), e.param or "messages")
         except Exception as e:  # noqa: BLE001 - a template that rejects the conversation is the client's input
             return error(400, f"chat template rejected the messages: {e}", "messages")
-        return await serve(svc, body, ids, log_fields(request.scope), chat=True)
+        return await serve(svc, body, ids, log_fields(request.scope), chat=True, tools=plan)
 
 
-async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict, chat: bool):
+def tool_plan(svc: Service, body: ChatRequest) -> ToolPlan | None:
+    """How the reply treats the request's tools (None: as text: no tools, or ``tool_choice: none``);
+    bad tools, a choice naming no tool or one that cannot go with ``response_format``: SpecserveError."""
+    tools = tools_of(body.tools or [])
+    choice = ToolChoice.of(body.tool_choice, tools)
+    if choice.mode == "none":
+        return None
+    fmt = svc.llm.call_format(svc.settings.tool_parser)
+    if not choice.forced:
+        return ToolPlan(fmt, None)
+    if body.response_format is not None and body.response_format.type != "text":
+        raise SpecserveError(f"response_format cannot be combined with tool_choice {choice.mode!r}: the reply is "
+                             "calls", "response_format")
+    return ToolPlan(fmt, GrammarSpec("grammar", fmt.grammar(choice.offered(tools), body.parallel_tool_calls)))
+
+
+async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict, chat: bool,
+                tools: ToolPlan | None = None):
     """Queue the request and answer it: one completion document, or a stream of events.  ``log``:
-    the fields of the request's log line (``requestlog``), filled in on the way."""
+    the fields of the request's log line (``requestlog``), filled in on the way; ``tools``: the
+    reply's tool calls are read from its text (and constrained to them when forced)."""
     if body.model != svc.model_name:
         return error(404, f"model {body.model!r} not found; this server serves {svc.model_name!r}", "model",
                      type_="not_found_error")
     wants_logprobs = body.logprob_counts()[0] is not None
     if body.stream and body.echo and wants_logprobs:
         return error(400, "echo with logprobs is answered whole: set stream to false", "stream")
-    handle = submit(svc, body, prompt_ids, log, chat)
+    handle = submit(svc, body, prompt_ids, log, chat, tools.grammar if tools else None)
     if isinstance(handle, JSONResponse):
         return handle
     echo = body.prompt if body.echo else ""
@@ -90,7 +128,8 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
         doc = None
         if wants_logprobs:
             doc = (lambda lps: chat_logprobs(svc.llm, lps)) if chat else (lambda lps: completion_logprobs(svc.llm, lps))
-        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc),
+        calls = CallStream(tools.fmt, tools.forced) if tools else None
+        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc, calls),
                                  media_type="text/event-stream")
     outcome = await wait(svc.scheduler, handle)
     if isinstance(outcome, RequestError):
@@ -101,13 +140,17 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
         lps = chat_logprobs(svc.llm, outcome.logprobs)
     else:
         lps = completion_logprobs(svc.llm, outcome.logprobs, prompt_ids if body.echo else None, outcome.prompt_logprobs)
-    return reply.completion(stream.feed(outcome.tokens, final=True), outcome, lps)
+    text = stream.feed(outcome.tokens, final=True)
+    reading = read(tools.fmt, text, True, tools.forced, outcome.finish_reason == "stop") if tools else None
+    if reading is not None:
+        log.update(tool_calls=len(reading.calls))
+    return reply.completion(text, outcome, lps, reading)
 
 
 def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list[int], log: dict,
-           chat: bool) -> Handle | JSONResponse:
+           chat: bool, calls: GrammarSpec | None = None) -> Handle | JSONResponse:
     """The engine request of a body, queued; a 400 naming the field it cannot serve (a server limit
-    included), or a 429 if full."""
+    included), or a 429 if full.  ``calls``: the grammar of the tool calls the reply must be."""
     spec = body.speculative
     drafter = spec.drafter if spec and spec.drafter else svc.default_drafter
     k = spec.num_draft if spec and spec.num_draft is not None else None     # None: the drafter's default
@@ -120,7 +163,7 @@ def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list
         svc.settings.limits.check(len(prompt_ids), "messages" if chat else "prompt", max_tokens, max_field)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, seed, body.presence_penalty,
                                   body.frequency_penalty, body.repetition_penalty)
-        grammar = body.response_format.spec() if body.response_format is not None else None
+        grammar = calls or (body.response_format.spec() if body.response_format is not None else None)
         logprobs, prompt_logprobs = body.logprob_counts()
         req = svc.llm.request(prompt_ids, max_tokens, sampling, drafter, k, body.stops(), grammar, logprobs,
                               prompt_logprobs)

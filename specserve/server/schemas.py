@@ -12,6 +12,7 @@ from specserve.limits import MAX_DRAFT, MAX_LOGPROBS
 
 MAX_STOP = 4            # OpenAI's limit
 MAX_GRAMMAR = 100_000   # characters of a regular expression or grammar
+MAX_TOOLS = 128         # OpenAI's limit on tools, and ours on the calls of a turn
 
 
 class Speculative(BaseModel):
@@ -94,16 +95,69 @@ class CompletionRequest(_Common):
         return self.logprobs, self.logprobs if self.echo else None
 
 
-class ChatMessage(BaseModel):
+class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=1_000_000)
+    type: Literal["text"]
+    text: str = Field(max_length=1_000_000)
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=1_000_000)
+
+
+class ToolCall(BaseModel):
+    """A call on an assistant turn of the conversation, as a reply carried it."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """A turn: ``content`` a string or text parts; an assistant turn may carry ``tool_calls`` (then
+    its content may be null), a ``tool`` turn is the result of the call ``tool_call_id``;
+    ``developer`` is read as ``system``."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(default=None, max_length=1_000_000)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
+    name: str | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _fields_of_role(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant turn carries tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool turn needs tool_call_id, the id of the call it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only on an assistant turn with tool_calls)")
+        return self
+
+    def doc(self) -> dict:
+        """The turn as chat templates read it."""
+        text = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        doc = {"role": "system" if self.role == "developer" else self.role, "content": text or ""}
+        if self.tool_calls:
+            doc["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            doc["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            doc["name"] = self.name
+        return doc
 
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # tools: OpenAI's; checked whole by ``tools.tools_of`` and ``ToolChoice.of`` (400s naming the field)
+    tools: list[dict] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
     echo: ClassVar[bool] = False          # chat has no echo
 
     @model_validator(mode="after")

@@ -56,6 +56,7 @@ class ServerSettings:
     request_log: bool = True                # one JSON line per /v1 request on stderr
     prefill: PrefillPolicy = PrefillPolicy(prefix_cache_mb=1024)   # chunked prefill and prefix reuse
     shutdown_timeout_s: float = 30.0        # on SIGTERM: how long running and queued requests may take
+    tool_parser: str = "auto"               # the tool-call format (``tools.FORMATS``); auto: the chat template's
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
@@ -72,6 +73,10 @@ class ServerSettings:
         if self.default_max_tokens is not None and cap is not None and self.default_max_tokens > cap:
             raise SpecserveError(f"the default max_tokens ({self.default_max_tokens}) exceeds --max-tokens-limit ({cap})")
         self.prefill.check()
+        from specserve.tools import FORMATS
+        if self.tool_parser != "auto" and self.tool_parser not in FORMATS:
+            raise SpecserveError(f"--tool-parser must be auto or one of {', '.join(sorted(FORMATS))}, "
+                                 f"got {self.tool_parser!r}")
 
     @property
     def fallback_max_tokens(self) -> int:

@@ -12,6 +12,7 @@ from specserve.llm import LLM, trim_at_stop
 from specserve.scheduler import Handle, Scheduler
 from specserve.server.errors import error_event
 from specserve.server.requestlog import result_fields
+from specserve.tools import CallStream, Reading, calls_of
 
 
 class TextStream:
@@ -62,10 +63,16 @@ class Reply:
     n_prompt: int
     echo: str = ""                # completions with ``echo``: the prompt, before the text
 
-    def completion(self, text: str, result: Result, logprobs: dict | None = None) -> dict:
+    def completion(self, text: str, result: Result, logprobs: dict | None = None,
+                   tools: Reading | None = None) -> dict:
+        """``tools``: the calls read from ``text`` (None: the reply is text)."""
         finish = finish_reason(result)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                   "finish_reason": finish}
+        message = {"role": "assistant", "content": text}
+        if tools is not None and tools.calls:
+            message = {"role": "assistant", "content": tools.content,
+                       "tool_calls": [c.openai() for c in calls_of(tools)]}
+            finish = "tool_calls" if finish == "stop" else finish        # cut short: "length"
+        choice = ({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
                   if self.chat else {"index": 0, "text": self.echo + text, "logprobs": logprobs,
                                      "finish_reason": finish})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
@@ -76,12 +83,13 @@ class Reply:
     def chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def chunk(self, delta: str | None, finish: str | None, first: bool = False, extra: dict | None = None,
+    def chunk(self, delta: str | dict | None, finish: str | None, first: bool = False, extra: dict | None = None,
               logprobs: dict | None = None) -> str:
-        """One event: a text delta (chat: the role first), or the finish reason; ``logprobs``: of the
-        tokens since the last event."""
+        """One event: a text delta (chat: the role first; or a whole ``delta`` object, as a tool
+        call's), or the finish reason; ``logprobs``: of the tokens since the last event."""
         if self.chat:
-            d = ({"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {}))
+            d = ({"role": "assistant", "content": ""} if first else
+                 delta if isinstance(delta, dict) else ({"content": delta} if delta else {}))
             choice = {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish}
@@ -102,11 +110,18 @@ def event(doc: dict) -> str:
 
 
 async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply, include_usage: bool,
-              log: dict, logprobs_doc: Callable[[list], dict] | None = None) -> AsyncIterator[str]:
+              log: dict, logprobs_doc: Callable[[list], dict] | None = None,
+              calls: CallStream | None = None) -> AsyncIterator[str]:
     """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it.
     ``log``: the request's log line, told how the stream ended; ``logprobs_doc``: turns the logprobs
-    of the tokens behind an event into its ``logprobs`` (None: not asked)."""
+    of the tokens behind an event into its ``logprobs`` (None: not asked); ``calls``: reads tool
+    calls out of the text, whose deltas the events then carry."""
     pending: list = []               # logprobs of tokens whose text no event has carried yet
+
+    def deltas(text: str, final: bool = False, complete: bool = True) -> list:
+        if calls is None:
+            return [text] if text else []
+        return calls.feed(text, final, complete)
 
     def take() -> dict | None:
         nonlocal pending
@@ -124,8 +139,7 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
             if kind == "logprobs":
                 pending += payload
             elif kind == "tokens":
-                delta = stream.feed(payload, final=False)
-                if delta:
+                for delta in deltas(stream.feed(payload, final=False)):
                     yield reply.chunk(delta, None, logprobs=take())
             elif kind == "error":
                 log.update(outcome=payload.kind.value, error=payload.message)
@@ -133,10 +147,12 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
                 break
             else:
                 log.update(result_fields(payload))
-                delta = stream.feed([], final=True)
-                if delta:
+                for delta in deltas(stream.feed([], final=True), True, payload.finish_reason == "stop"):
                     yield reply.chunk(delta, None, logprobs=take())
-                yield reply.chunk(None, finish_reason(payload), extra={"speculative_stats": spec_stats(payload.stats)},
+                finish = finish_reason(payload)
+                if finish == "stop" and calls is not None and calls.final.calls:
+                    finish = "tool_calls"
+                yield reply.chunk(None, finish, extra={"speculative_stats": spec_stats(payload.stats)},
                                   logprobs=take())
                 if include_usage:
                     yield reply.usage_chunk(payload)
