@@ -207,6 +207,10 @@ def test_pythonic_arguments_keep_the_schema_order_with_optional_ones_left_out():
     assert not _accepts(grammar, pieces, '[send_email(urgent=true)]')
     with pytest.raises(SpecserveError, match="Python keyword argument"):
         call_format("pythonic").grammar([Tool("f", "", {"type": "object", "properties": {"a-b": {}}})], False)
+    with pytest.raises(SpecserveError, match="cannot be called in Python syntax") as e:
+        call_format("pythonic").grammar([Tool("get-weather")], False)
+    assert e.value.param == "tools.function.name"
+    assert "get-weather" in call_format("hermes").grammar([Tool("get-weather")], False)
 
 
 # -- prompts --------------------------------------------------------------------------------------

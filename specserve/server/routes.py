@@ -169,7 +169,8 @@ def submit(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids: list
                               prompt_logprobs)
         return svc.scheduler.submit(req, svc.settings.request_timeout_s, asyncio.get_running_loop())
     except SpecserveError as e:
-        return error(400, str(e), API_PARAM.get(e.param, e.param))
+        param = "tools" if calls is not None and e.param == "response_format" else API_PARAM.get(e.param, e.param)
+        return error(400, str(e), param)
     except QueueFull:
         return request_error(RequestError(ErrorKind.QUEUE_FULL, "server busy: waiting queue is full; retry later"))
 

@@ -176,6 +176,9 @@ class Pythonic(CallFormat):
         rules = [repeated("call", ", ", parallel, "[", "]"),
                  "call ::= " + " | ".join(f"call_{i}" for i in range(len(tools)))]
         for i, tool in enumerate(tools):
+            if not tool.name.isidentifier():
+                raise SpecserveError(f"{tool.where}.function.name: {tool.name!r} cannot be called in Python syntax "
+                                     "(the pythonic tool parser)", f"{tool.where}.function.name")
             rules.append(f"call_{i} ::= {literal(tool.name + '(')} t{i}_a0_first {literal(')')}")
             rules += _keyword_rules(tool, f"t{i}")
         return "\n".join(rules)
