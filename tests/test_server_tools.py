@@ -96,6 +96,20 @@ def test_required_and_named_calls_parse_validate_and_stream_the_same(server):
         assert assemble(deltas) == (None, calls) and finish == msg["finish_reason"]
 
 
+def test_tool_replies_are_counted_on_metrics(server):
+    """/metrics counts replies that could call tools, by what they held, and the calls in them,
+    streamed or not; a request without tools counts in neither."""
+    before = (server.metric('specserve_tool_replies_total{kind="calls"}'),
+              server.metric('specserve_tool_replies_total{kind="text"}'), server.metric("specserve_tool_calls_total"))
+    n = len(calls_of(chat(server, tool_choice="required", parallel_tool_calls=False)))
+    streamed(server, tool_choice="required", parallel_tool_calls=False)
+    chat(server, max_tokens=4)                              # auto: the toy model writes text
+    chat(server, max_tokens=4, tools=None)                  # no tools: not a tool reply
+    after = (server.metric('specserve_tool_replies_total{kind="calls"}'),
+             server.metric('specserve_tool_replies_total{kind="text"}'), server.metric("specserve_tool_calls_total"))
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (2, 1, 2 * n)
+
+
 def test_a_conversation_with_calls_and_results_goes_on(server):
     first = chat(server, tool_choice="required", parallel_tool_calls=False)
     call = first["choices"][0]["message"]["tool_calls"][0]

@@ -64,6 +64,8 @@ def only_tokens(matcher: Matcher, head: list[int], budget: int, scratch: Tensor,
     because the grammar allows nothing else: one token alone (an end tag xgrammar does not jump to),
     or the end of text where only end-of-text tokens are allowed (the one the target wrote last,
     ``Spelling.end``, else the lowest); at most ``budget``.  The matcher is left as it was."""
+    if budget <= 0:
+        return []
     for t in head:
         matcher.accept(t)
     out: list[int] = []

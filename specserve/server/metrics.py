@@ -126,6 +126,8 @@ class Metrics:
         self.auto_off = 0
         self.prefill_tokens = 0
         self.prefill_steps = 0
+        self.tool_replies: dict[str, int] = {}      # replies to requests whose tools the model could call, by kind
+        self.tool_calls = 0
         # read at render time, set by app.py (see gauges.py): the scheduler's and the engine's
         self.gauges: Gauges = lambda: {}
         self.counters: Counters = lambda: {}
@@ -176,6 +178,13 @@ class Metrics:
                 self.accepted[i] += a
             self.verify_passes += s.verify_passes
 
+    def observe_tools(self, calls: int) -> None:
+        """A finished reply to a request that let the model call tools: how many calls it held."""
+        with self._lock:
+            kind = "calls" if calls else "text"
+            self.tool_replies[kind] = self.tool_replies.get(kind, 0) + 1
+            self.tool_calls += calls
+
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics if ``accept`` asks for it, else the classic text format."""
         if wants_openmetrics(accept):
@@ -196,7 +205,10 @@ class Metrics:
                          sorted(self.outcomes.items())),
                 counter("specserve_prompt_tokens_total", "Prompt tokens of finished requests", self.prompt_tokens),
                 counter("specserve_generation_tokens_total", "Tokens generated for finished requests",
-                        self.generation_tokens)]
+                        self.generation_tokens),
+                labelled("specserve_tool_replies_total", "Replies to requests whose tools the model could call, by "
+                         "what they held (calls, or text only)", "kind", sorted(self.tool_replies.items())),
+                counter("specserve_tool_calls_total", "Tool calls in those replies", self.tool_calls)]
 
     def _spec_families(self) -> list[Metric]:
         depths = range(1, len(self.drafted) + 1)

@@ -129,8 +129,8 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
         if wants_logprobs:
             doc = (lambda lps: chat_logprobs(svc.llm, lps)) if chat else (lambda lps: completion_logprobs(svc.llm, lps))
         calls = CallStream(tools.fmt, tools.forced) if tools else None
-        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc, calls),
-                                 media_type="text/event-stream")
+        return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc, calls,
+                                     svc.metrics.observe_tools), media_type="text/event-stream")
     outcome = await wait(svc.scheduler, handle)
     if isinstance(outcome, RequestError):
         log.update(outcome=outcome.kind.value, error=outcome.message)
@@ -144,6 +144,7 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
     reading = read(tools.fmt, text, True, tools.forced, outcome.finish_reason == "stop") if tools else None
     if reading is not None:
         log.update(tool_calls=len(reading.calls))
+        svc.metrics.observe_tools(len(reading.calls))
     return reply.completion(text, outcome, lps, reading)
 
 

@@ -111,11 +111,12 @@ def event(doc: dict) -> str:
 
 async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: Reply, include_usage: bool,
               log: dict, logprobs_doc: Callable[[list], dict] | None = None,
-              calls: CallStream | None = None) -> AsyncIterator[str]:
+              calls: CallStream | None = None, on_calls: Callable[[int], None] | None = None) -> AsyncIterator[str]:
     """The events of a streamed request, ``[DONE]`` last; a client gone mid-stream cancels it.
     ``log``: the request's log line, told how the stream ended; ``logprobs_doc``: turns the logprobs
     of the tokens behind an event into its ``logprobs`` (None: not asked); ``calls``: reads tool
-    calls out of the text, whose deltas the events then carry."""
+    calls out of the text, whose deltas the events then carry; ``on_calls``: told how many calls the
+    finished reply held."""
     pending: list = []               # logprobs of tokens whose text no event has carried yet
 
     def deltas(text: str, final: bool = False, complete: bool = True) -> list:
@@ -150,8 +151,12 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
                 for delta in deltas(stream.feed([], final=True), True, payload.finish_reason == "stop"):
                     yield reply.chunk(delta, None, logprobs=take())
                 finish = finish_reason(payload)
-                if finish == "stop" and calls is not None and calls.final.calls:
-                    finish = "tool_calls"
+                if calls is not None:
+                    log.update(tool_calls=len(calls.final.calls))
+                    if on_calls is not None:
+                        on_calls(len(calls.final.calls))
+                    if finish == "stop" and calls.final.calls:
+                        finish = "tool_calls"
                 yield reply.chunk(None, finish, extra={"speculative_stats": spec_stats(payload.stats)},
                                   logprobs=take())
                 if include_usage:
