@@ -278,3 +278,21 @@ def test_the_servers_tool_parser_is_checked_when_built():
     assert ServerSettings(tool_parser="pythonic").tool_parser == "pythonic"
     with pytest.raises(SpecserveError, match="--tool-parser must be auto or one of hermes, llama3_json, pythonic"):
         ServerSettings(tool_parser="xml")
+
+
+def test_schemas_with_definitions_and_refs_compile_in_every_format():
+    """``$ref`` to ``$defs`` resolves in each format's grammar (pythonic compiles each property on
+    its own), and a schema xgrammar cannot compile is a one-line error naming the parameters."""
+    compiler, pieces = _compiler()
+    params = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
+              "$defs": {"x": {"type": "integer", "enum": [1, 2]}}}
+    for family in FORMATS:
+        grammar = compiler.compile(GrammarSpec("grammar", call_format(family).grammar([Tool("f", "", params)], False)))
+        good = {"hermes": '<tool_call>\n{"name":"f","arguments":{"a":2}}\n</tool_call>',
+                "llama3_json": '{"name":"f","parameters":{"a":2}}', "pythonic": "[f(a=2)]"}[family]
+        assert _accepts(grammar, pieces, good) and not _accepts(grammar, pieces, good.replace("2", "3"))
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    with pytest.raises(SpecserveError) as e:
+        call_format("hermes").grammar([Tool("f", "", bad)], False)
+    assert e.value.param == "tools.function.parameters" and "\n" not in str(e.value)
+    assert not str(e.value).split("compile: ")[1].startswith("[")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from specserve.constrain.grammar import SEPARATORS
+from specserve.constrain.grammar import SEPARATORS, one_line
 from specserve.errors import SpecserveError
 
 _RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::= (.*)$")
@@ -35,8 +35,7 @@ def json_rules(schema: dict, prefix: str, lookahead: bool = True, param: str = "
         text = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=SEPARATORS,
                                                 strict_mode=True))
     except Exception as e:  # noqa: BLE001 - xgrammar's conversion errors, shown as one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecserveError(f"{param}: a JSON Schema this server cannot compile: {first}", param) from None
+        raise SpecserveError(f"{param}: a JSON Schema this server cannot compile: {one_line(e)}", param) from None
     rules = [_RULE.match(line) for line in text.splitlines() if line.strip()]
     if any(m is None for m in rules):
         raise SpecserveError(f"{param}: unexpected grammar text from xgrammar", param)

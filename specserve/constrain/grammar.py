@@ -71,6 +71,12 @@ def from_response_format(rf) -> GrammarSpec | None:
     return GrammarSpec(kind)          # json_object; an unknown type is refused by GrammarSpec
 
 
+def one_line(e: Exception) -> str:
+    """An xgrammar error as one line: its first, without xgrammar's time and source location."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return re.sub(r"^\[[\d:.]+\] \S+:\d+: ", "", first)
+
+
 class Grammar:
     """A compiled grammar: ``matcher()`` gives a fresh per-request state."""
 
@@ -169,9 +175,7 @@ class GrammarCompiler:
         except SpecserveError:
             raise
         except Exception as e:  # noqa: BLE001 - xgrammar's parse errors, shown as one line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            first = re.sub(r"^\[[\d:.]+\] \S+:\d+: ", "", first)        # xgrammar's time and source line
-            raise SpecserveError(f"invalid {spec.kind}: {first}", "response_format") from None
+            raise SpecserveError(f"invalid {spec.kind}: {one_line(e)}", "response_format") from None
         grammar = Grammar(compiled, spec, self.vocab_size)
         with self._lock:
             if len(self._cache) >= CACHE_SIZE:

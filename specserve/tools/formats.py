@@ -306,6 +306,13 @@ def _keywords(call: Call) -> str:
     return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in values.items())
 
 
+def _with_definitions(schema, parameters: dict) -> dict:
+    """A property's schema with the parameters' ``$defs`` / ``definitions`` beside it, so that its
+    ``$ref``s to them (``#/$defs/...``) resolve when it is compiled on its own."""
+    schema = schema if isinstance(schema, dict) else {}
+    return {**{k: parameters[k] for k in ("$defs", "definitions") if k in parameters}, **schema}
+
+
 def _keyword_rules(tool: Tool, p: str) -> list[str]:
     """Keyword arguments in the schema's order, the required ones always, each value JSON valid under
     its property's schema: rules ``{p}_a{j}_first`` (no argument written yet) and ``{p}_a{j}_next``."""
@@ -317,7 +324,7 @@ def _keyword_rules(tool: Tool, p: str) -> list[str]:
             raise SpecserveError(f"{tool.where}.function.parameters: {name!r} cannot be a Python keyword argument "
                                  "(the pythonic tool parser)", f"{tool.where}.function.parameters")
         item, nxt = f"{p}_v{j}", f"{p}_a{j + 1}"
-        rules.append(json_rules(schema if isinstance(schema, dict) else {}, item, lookahead=False,
+        rules.append(json_rules(_with_definitions(schema, tool.parameters), item, lookahead=False,
                                 param=f"{tool.where}.function.parameters"))
         take_first = f"{literal(name + '=')} {item} {nxt}_next"
         take_next = f"{literal(', ' + name + '=')} {item} {nxt}_next"
