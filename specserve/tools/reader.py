@@ -59,7 +59,7 @@ class CallStream:
         self.fmt, self.forced = fmt, forced
         self.text, self.content = "", ""
         self.sent: list[list[str]] = []            # per call: [id, arguments sent]
-        self.ids: list[str] = []
+        self.final = Reading("")                   # the latest reading
 
     def feed(self, delta: str, final: bool = False, complete: bool = True) -> list[dict]:
         self.text += delta
