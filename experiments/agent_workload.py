@@ -25,7 +25,7 @@ tools = {
  "lookup_contact": {"description": "Find a contact's email address and phone number by name.", "parameters": {"type": "object", "properties": {
      "name": S(40)}, "required": ["name"], "additionalProperties": False}},
 }
-R, A = "required", "auto"
+R = "required"
 convs = [
  (["get_weather", "search_web", "send_email"], [("What's the weather going to be in Lisbon for the next three days? Use celsius.", R), ("Thanks. Email that forecast to maria@example.com with the subject 'Lisbon weather'.", "send_email")]),
  (["get_order_status", "send_email", "lookup_contact"], [("Where is my order NW-204871? It was supposed to arrive yesterday.", R), ("Please email the status to my colleague Tom Becker, tom.becker@example.com.", "send_email")]),

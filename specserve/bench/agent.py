@@ -110,6 +110,7 @@ class Conversation:
         """One generation under ``choice_name``; its calls answered by ``tool_result`` (none: the
         model answered in text, or its call did not parse)."""
         from specserve.constrain import GrammarSpec
+        from specserve.server.streaming import TextStream
         from specserve.tools import CallStream, ToolChoice, read
 
         doc = choice_name if choice_name in ("auto", "required", "none") else \
@@ -126,13 +127,10 @@ class Conversation:
         text = self.llm.tokenizer.decode(res.tokens)
         complete = res.finish_reason == "stop"
         reading = read(self.fmt, text, True, choice.forced, complete)
-        stream = CallStream(self.fmt, choice.forced)
-        sent = ""
-        for n in range(1, len(res.tokens) + 1):            # as the server streams: the text so far, token by token
-            now = self.llm.tokenizer.decode(res.tokens[:n]).rstrip("\ufffd")
-            stream.feed(now[len(sent):])
-            sent = now if len(now) > len(sent) else sent
-        stream.feed(text[len(sent):], final=True, complete=complete)
+        stream, pieces = CallStream(self.fmt, choice.forced), TextStream(self.llm, [])
+        for t in res.tokens:                                 # as the server streams it, token by token
+            stream.feed(pieces.feed([t], final=False))
+        stream.feed(pieces.feed([], final=True), final=True, complete=complete)
         streamed = [(c.name, c.arguments) for c in stream.calls()] == reading.calls and \
             (stream.content or None) == (reading.content or None)
         valid = [self._valid(name, args) for name, args in reading.calls]
@@ -154,13 +152,16 @@ class Conversation:
         return calls
 
     def _valid(self, name: str, arguments: str) -> bool:
+        """Whether the call names one of the conversation's tools, with arguments valid under its schema."""
         import jsonschema
         tool = next((t for t in self.tools if t.name == name), None)
+        if tool is None:
+            return False
         try:
             jsonschema.validate(json.loads(arguments), tool.parameters)
-        except (ValueError, AttributeError, jsonschema.ValidationError):
+        except (ValueError, jsonschema.ValidationError):
             return False
-        return tool is not None
+        return True
 
 
 def run_agent(cfg: AgentConfig, options=None, log=print) -> dict:
@@ -170,7 +171,7 @@ def run_agent(cfg: AgentConfig, options=None, log=print) -> dict:
 
     workload = load_workload(cfg.workload)
     convs = workload["conversations"][:cfg.conversations] if cfg.conversations else workload["conversations"]
-    methods = [Method.parse("none")] + [Method.parse(m) for m in cfg.methods if Method.parse(m).label != "none"]
+    methods = [Method.parse("none")] + [m for m in map(Method.parse, cfg.methods) if m.label != "none"]
     llm = LLM(cfg.model, options, drafters={m.label: {"drafter": m.drafter, **m.options} for m in methods[1:]},
               max_batch=1, max_len=4096, prefill=PrefillPolicy(256, 5.0, 256))
     freeze_heap()

@@ -23,7 +23,7 @@ from specserve.server.schemas import ChatRequest, CompletionRequest
 from specserve.server.settings import ServerSettings
 from specserve.server.streaming import Reply, TextStream, sse
 from specserve.constrain import GrammarSpec
-from specserve.tools import CallFormat, CallStream, ToolChoice, read, tools_of
+from specserve.tools import CallFormat, CallStream, Tool, ToolChoice, read, tools_of
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,11 @@ def add_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         try:
-            plan = tool_plan(svc, body)
+            tools, fmt = tools_of(body.tools or []), svc.llm.call_format(svc.settings.tool_parser)
+            plan = tool_plan(body, tools, fmt)
             messages = [m.doc() for m in body.messages]
-            if body.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-                ids = svc.llm.encode_tools(messages, tools_of(body.tools or []), svc.llm.call_format(
-                    svc.settings.tool_parser))
+            if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+                ids = svc.llm.encode_tools(messages, tools, fmt)
             else:
                 ids = svc.llm.encode(messages)
         except SpecserveError as e:
@@ -89,14 +89,13 @@ def add_routes(app: FastAPI, svc: Service) -> None:
         return await serve(svc, body, ids, log_fields(request.scope), chat=True, tools=plan)
 
 
-def tool_plan(svc: Service, body: ChatRequest) -> ToolPlan | None:
-    """How the reply treats the request's tools (None: as text: no tools, or ``tool_choice: none``);
-    bad tools, a choice naming no tool or one that cannot go with ``response_format``: SpecserveError."""
-    tools = tools_of(body.tools or [])
+def tool_plan(body: ChatRequest, tools: list[Tool], fmt: CallFormat) -> ToolPlan | None:
+    """How the reply treats the request's ``tools`` (None: as text: no tools, or ``tool_choice:
+    none``), read in ``fmt``; a choice naming no tool or one that cannot go with ``response_format``:
+    SpecserveError."""
     choice = ToolChoice.of(body.tool_choice, tools)
     if choice.mode == "none":
         return None
-    fmt = svc.llm.call_format(svc.settings.tool_parser)
     if not choice.forced:
         return ToolPlan(fmt, None)
     if body.response_format is not None and body.response_format.type != "text":
@@ -119,6 +118,10 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
     handle = submit(svc, body, prompt_ids, log, chat, tools.grammar if tools else None)
     if isinstance(handle, JSONResponse):
         return handle
+    def counted(calls: int) -> None:           # a reply that could call tools: its calls, logged and counted
+        log.update(tool_calls=calls)
+        svc.metrics.observe_tools(calls)
+
     echo = body.prompt if body.echo else ""
     reply = Reply(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), svc.model_name,
                   chat, len(prompt_ids), echo)
@@ -130,7 +133,7 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
             doc = (lambda lps: chat_logprobs(svc.llm, lps)) if chat else (lambda lps: completion_logprobs(svc.llm, lps))
         calls = CallStream(tools.fmt, tools.forced) if tools else None
         return StreamingResponse(sse(svc.scheduler, handle, stream, reply, include_usage, log, doc, calls,
-                                     svc.metrics.observe_tools), media_type="text/event-stream")
+                                     counted), media_type="text/event-stream")
     outcome = await wait(svc.scheduler, handle)
     if isinstance(outcome, RequestError):
         log.update(outcome=outcome.kind.value, error=outcome.message)
@@ -143,8 +146,7 @@ async def serve(svc: Service, body: CompletionRequest | ChatRequest, prompt_ids:
     text = stream.feed(outcome.tokens, final=True)
     reading = read(tools.fmt, text, True, tools.forced, outcome.finish_reason == "stop") if tools else None
     if reading is not None:
-        log.update(tool_calls=len(reading.calls))
-        svc.metrics.observe_tools(len(reading.calls))
+        counted(len(reading.calls))
     return reply.completion(text, outcome, lps, reading)
 
 

@@ -49,8 +49,12 @@ def spec_stats(s) -> dict:
             "mean_nodes_per_step": s.mean_nodes_per_step, "target_passes": s.target_passes}
 
 
-def finish_reason(result: Result) -> str:
-    return "stop" if result.finish_reason == "stop" else "length"
+def finish_reason(result: Result, calls: int = 0) -> str:
+    """OpenAI's finish reason of a reply holding ``calls`` tool calls (``tool_calls`` when it ended
+    by itself; cut short by the token limit, ``length`` as for text)."""
+    if result.finish_reason != "stop":
+        return "length"
+    return "tool_calls" if calls else "stop"
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,11 @@ class Reply:
     def completion(self, text: str, result: Result, logprobs: dict | None = None,
                    tools: Reading | None = None) -> dict:
         """``tools``: the calls read from ``text`` (None: the reply is text)."""
-        finish = finish_reason(result)
+        finish = finish_reason(result, len(tools.calls) if tools is not None else 0)
         message = {"role": "assistant", "content": text}
         if tools is not None and tools.calls:
             message = {"role": "assistant", "content": tools.content,
                        "tool_calls": [c.openai() for c in calls_of(tools)]}
-            finish = "tool_calls" if finish == "stop" else finish        # cut short: "length"
         choice = ({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
                   if self.chat else {"index": 0, "text": self.echo + text, "logprobs": logprobs,
                                      "finish_reason": finish})
@@ -116,7 +119,7 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
     ``log``: the request's log line, told how the stream ended; ``logprobs_doc``: turns the logprobs
     of the tokens behind an event into its ``logprobs`` (None: not asked); ``calls``: reads tool
     calls out of the text, whose deltas the events then carry; ``on_calls``: told how many calls the
-    finished reply held."""
+    finished reply held (it logs and counts them)."""
     pending: list = []               # logprobs of tokens whose text no event has carried yet
 
     def deltas(text: str, final: bool = False, complete: bool = True) -> list:
@@ -150,15 +153,11 @@ async def sse(scheduler: Scheduler, handle: Handle, stream: TextStream, reply: R
                 log.update(result_fields(payload))
                 for delta in deltas(stream.feed([], final=True), True, payload.finish_reason == "stop"):
                     yield reply.chunk(delta, None, logprobs=take())
-                finish = finish_reason(payload)
-                if calls is not None:
-                    log.update(tool_calls=len(calls.final.calls))
-                    if on_calls is not None:
-                        on_calls(len(calls.final.calls))
-                    if finish == "stop" and calls.final.calls:
-                        finish = "tool_calls"
-                yield reply.chunk(None, finish, extra={"speculative_stats": spec_stats(payload.stats)},
-                                  logprobs=take())
+                n_calls = len(calls.final.calls) if calls is not None else 0
+                if calls is not None and on_calls is not None:
+                    on_calls(n_calls)
+                yield reply.chunk(None, finish_reason(payload, n_calls),
+                                  extra={"speculative_stats": spec_stats(payload.stats)}, logprobs=take())
                 if include_usage:
                     yield reply.usage_chunk(payload)
                 break
