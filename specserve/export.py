@@ -19,6 +19,15 @@ What their loaders read (vLLM ``vllm/model_executor/models/llama_eagle3.py`` at 
   lm_head.weight                                 [Vr, H]            the target's LM-head rows of vocab_ids
   d2t (int64)                                    [Vr]               vocab_ids - arange(Vr)
   t2d (bool)                                     [V]                in the reduced vocabulary (both skip it)
+  mask_hidden (parallel heads)                   [3H]               mask_hidden (blocks in ascending layer order)
+
+A parallel head (P-EAGLE, ``HeadConfig.parallel``) also writes ``pard_token`` and ``ptd_token_id``
+(its placeholder token, which vLLM embeds with the target's table) into ``config.json``; vLLM
+(``v1/spec_decode/llm_base_proposer.py``, ``llama_eagle3.py``: the parallel drafting of PR #32887,
+v0.16) runs it with ``"parallel_drafting": true``: the placeholder slots take that token's
+embedding and fc(``mask_hidden``) as their state, at consecutive positions after the bonus token,
+attending causally, as ours do.  SGLang has no parallel drafting: it would run the head one token
+per pass, which it was not trained for.
 
 No ``embed_tokens``: both take the target's (vLLM at 583507d1 has no such parameter and would fail on
 one).  Both loaders rename ``midlayer.`` and stack q/k/v and gate/up themselves.
@@ -91,7 +100,7 @@ def eagle3_tensors(cfg, module, vocab_ids: Tensor, lm_rows: Tensor, vocab_size: 
         "lm_head.weight": lm_rows.float().cpu(),
         "d2t": vocab_ids.long() - torch.arange(len(vocab_ids)),
         "t2d": t2d,
-    }
+    } | ({"mask_hidden": fc_weight(w["mask_hidden"][None], list(cfg.feature_layers))[0]} if cfg.parallel else {})
 
 
 def eagle3_config(cfg, target_config, draft_vocab: int, dtype: str, source: str) -> dict:
@@ -111,8 +120,8 @@ def eagle3_config(cfg, target_config, draft_vocab: int, dtype: str, source: str)
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
         "norm_before_residual": False, "torch_dtype": dtype,
         "specserve": {"head": source, "feature_layers": list(cfg.feature_layers),
-                      "training_command": cfg.training.get("command", "")},
-    }
+                      "training_command": cfg.training.get("command", ""), "parallel": cfg.parallel},
+    } | ({"pard_token": cfg.mask_token_id, "ptd_token_id": cfg.mask_token_id} if cfg.parallel else {})
 
 
 def export_eagle3(head_dir: str | Path, out_dir: str | Path, target, dtype: str = "float16") -> Path:
@@ -166,6 +175,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise SpecserveError(f"no head at {head} (a head folder holds config.json and head.safetensors)")
     refuse_unless_eagle3(read_config(head), head)                 # before loading the target
     out = export_eagle3(head, args.out, load_model(args.model), args.dtype)
+    k = read_config(head).parallel
+    if k:
+        print(f"P-EAGLE draft model (EAGLE-3 layout, {k} tokens per pass) written to {out}: serve it with vLLM "
+              f"--speculative-config '{{\"method\": \"eagle3\", \"model\": \"{out}\", \"num_speculative_tokens\": {k}, "
+              f"\"parallel_drafting\": true}}' (SGLang has no parallel drafting)", file=sys.stderr)
+        return 0
     print(f"EAGLE-3 draft model written to {out}: serve it with vLLM "
           f"--speculative-config '{{\"method\": \"eagle3\", \"model\": \"{out}\", \"num_speculative_tokens\": 3}}' "
           f"or SGLang --speculative-algorithm EAGLE3 --speculative-draft-model-path {out}", file=sys.stderr)

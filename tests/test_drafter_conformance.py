@@ -41,6 +41,7 @@ CONFORMANCE = {
     "draft-model": lambda t: {"model": tiny_model(seed=32, vocab=VOCAB, layers=1)},
     "oracle": lambda t: {"alpha": 0.6},
     "eagle": lambda t: {"head": tiny_head("eagle", t), "topk": 3, "depth": 4},
+    "eagle-parallel": lambda t: {"head": tiny_head("eagle", t, parallel=4), "topk": 3},
     "medusa": lambda t: {"head": tiny_head("medusa", t), "topk": 3},
 }
 

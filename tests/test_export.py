@@ -268,3 +268,48 @@ def test_train_layout_flag_picks_the_kind_and_refuses_before_any_data():
     with pytest.raises(SpecserveError, match="in 1..29"):
         head_layers(args, 30)
     assert head_layers(argparse.Namespace(what="medusa"), 30) == ("medusa", (30,))
+
+
+@pytest.fixture(scope="module")
+def parallel_head(target, tmp_path_factory):
+    """A random parallel (P-EAGLE) eagle3 head drafting 3 tokens a pass, placeholder token 6."""
+    cfg = new_config("eagle3", target, LAYERS)
+    cfg.parallel, cfg.mask_token_id = 3, 6
+    torch.manual_seed(12)
+    module = build(cfg)
+    torch.nn.init.normal_(module.mask_hidden, std=1.0)
+    d = tmp_path_factory.mktemp("peagle-head")
+    save_head(d, cfg, module, torch.arange(48))
+    return str(d)
+
+
+def test_parallel_head_exports_what_vllm_parallel_drafting_reads(target, parallel_head, tmp_path):
+    """vLLM's parallel drafting (P-EAGLE: ``parallel_drafting``) from the file: the prefix's slots,
+    then K - 1 placeholder slots at the next positions with the embedding of ``pard_token`` and
+    fc(``mask_hidden``) as their state, attending causally; each placeholder's logits equal our
+    head's for that depth (the training unroll with placeholder inputs, which the drafter matches)."""
+    out = export_eagle3(parallel_head, tmp_path / "draft", target, dtype="float32")
+    t = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(out / "model.safetensors")).items()}
+    conf = json.loads((out / "config.json").read_text())
+    cfg, module, vocab_ids = load_head(parallel_head)
+    assert conf["pard_token"] == conf["ptd_token_id"] == 6 and conf["specserve"]["parallel"] == 3
+    assert tuple(t["mask_hidden"].shape) == (3 * cfg.hidden_size,)      # vLLM: fc_input_size elements
+    K, T = cfg.parallel, len(SEQ) - 1
+    P = T - (K - 1)                                                      # real slots 0..P-1, pending x_P
+    aux = prompt_features(target, SEQ, tuple(conf["eagle_aux_hidden_state_layer_ids"]))
+    hidden = torch.cat([aux[i][:P] for i in conf["eagle_aux_hidden_state_layer_ids"]], -1) @ t["fc.weight"].T
+    embeds = target.model.weight_rows("embed", torch.tensor(SEQ[1:P + 1]))
+    ref, _, past = vllm_draft(t, conf, embeds, hidden, torch.arange(P))
+    hold_e = target.model.weight_rows("embed", torch.tensor([conf["pard_token"]] * (K - 1)))
+    hold_h = (t["mask_hidden"] @ t["fc.weight"].T).expand(K - 1, -1)      # combine_hidden_states(mask_hidden)
+    held, _, _ = vllm_draft(t, conf, hold_e, hold_h, torch.arange(P, P + K - 1), past)
+    feats = torch.stack([prompt_features(target, SEQ, tuple(cfg.feature_layers))[i][:T] for i in cfg.feature_layers], 1)
+    emb_all = target.model.weight_rows("embed", torch.tensor(SEQ[1:]))
+    with torch.no_grad():
+        hold = (module.placeholder_state(), target.model.weight_rows("embed", torch.tensor([6]))[0])
+        ours = eagle_unroll(module, module.fused(feats[None]), emb_all[None], K, hold)
+        rows = target.model.weight_rows("lm_head", vocab_ids)
+        depth = [module.norm(ours[j][0, P - 1 + j]) @ rows.T for j in range(K)]
+    torch.testing.assert_close(ref[P - 1, vocab_ids], depth[0], rtol=1e-4, atol=1e-4)
+    for j in range(1, K):
+        torch.testing.assert_close(held[j - 1, vocab_ids], depth[j], rtol=1e-4, atol=1e-4)

@@ -193,7 +193,7 @@ def _trainer(target, data_dir, out, kind="eagle", **kw):
     meta, shards = load(data_dir)
     n = target.config.num_layers
     layers = (1, n) if kind == "eagle" else (n,)
-    cfg = TrainConfig(kind=kind, layers=layers, vocab=56, steps=2, num_medusa=2,
+    cfg = TrainConfig(kind=kind, layers=layers, vocab=kw.pop("vocab", 56), steps=kw.pop("steps", 2), num_medusa=2,
                       epochs=kw.pop("epochs", 4 if kind == "eagle" else 20), lr=kw.pop("lr", 3e-3 if kind == "eagle" else 1e-2),
                       batch_tokens=160, checkpoint_every=kw.pop("checkpoint_every", 100), seed=1, **kw)
     return Trainer(cfg, target, Data(meta, shards, layers), str(out))

@@ -55,6 +55,7 @@ from specserve.drafters.base import (DraftProposal, DraftRequest, Feedback, draw
 from specserve.drafters.heads.runtime import HeadDrafter, HeadOptions, head_option, RopeTable, sample_width_option
 from specserve.drafters.heads.tree import SampledTree, Tree
 from specserve.drafters.registry import register
+from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 
 
@@ -106,8 +107,14 @@ class EagleDrafter(HeadDrafter):
     Options = EagleOptions
     head_kinds = ("eagle", "eagle3")
 
+    parallel_head = False                                 # runs heads trained to draft in parallel (P-EAGLE)
+
     def __init__(self, target: Any, **options: Any):
         module = self._open(target, options)
+        if bool(self.cfg.parallel) != self.parallel_head:
+            raise SpecserveError(f"the head at {self.head_dir} drafts " + (
+                f"{self.cfg.parallel} tokens per pass (parallel drafting); run it with eagle-parallel"
+                if self.cfg.parallel else "one token per pass; run it with eagle"))
         self.target = target
         self.max_tree_depth = self.opts.depth
         m = target.model
@@ -190,44 +197,60 @@ class EagleDrafter(HeadDrafter):
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
         return self.lm(self.head.norm(o))
 
-    def _catch_up(self, batch: list[tuple[_Seq, list[int]]]) -> None:
+    def _catch_up(self, batch: list[tuple[_Seq, list[int]]], extra: list[int] | None = None) -> list[Tensor]:
         """Real entries for every position whose features and next token are known (t <= n - 1), for
         each sequence of ``batch`` ((state, tokens)): one fuse and one entries call for them all.  With
         a ``window`` w, positions older than n - w that no draft has caught up on are skipped: their
         features are never fused and they get no entry (the head attends to the entries it has, at
-        their true rotary positions)."""
+        their true rotary positions).  ``extra``: per sequence, placeholder entries (a parallel head's)
+        run in the same call after its real ones, at positions n, n + 1, ...; their outputs
+        [e, hidden] are returned per sequence (their keys and values are scratch: the next call
+        overwrites them)."""
         w = self.opts.window
+        extra = extra or [0] * len(batch)
         work = []                                             # (state, tokens, first position, n)
         for s, tokens in batch:
             n = len(tokens) - 1                                # the pending token's position
             if s.n_feat != n:
                 raise RuntimeError(f"eagle: features for {s.n_feat} positions, expected {n}")
             work.append((s, tokens, max(s.caught, n - w) if w else s.caught, n))
-        fresh = [(s, lo) for s, _, lo, _ in work if s.raw]
-        if fresh:
-            rows = [torch.cat([torch.cat(p, -1) for p in s.raw])[max(lo - s.n_fused, 0):] for s, lo in fresh]
-            fused, at = self.lin["fuse"](torch.cat(rows).float().cpu()), 0   # [N, F * hidden] -> [N, hidden]
-            for (s, _), r in zip(fresh, rows):
-                n, m = s.n_feat, len(r)
-                s.reserve(n + self.max_tree_depth * self.topk + 1)
-                s.g[n - m:n] = fused[at:at + m]
-                s.raw, s.n_fused, at = [], n, at + m
+        self._fuse_new([(s, lo) for s, _, lo, _ in work if s.raw])
         parts: list[_Part] = []
-        g, tokens, pos, ends = [], [], [], []
-        for s, toks, lo, n in work:
+        g, tokens, pos, spans = [], [], [], []
+        for (s, toks, lo, n), e in zip(work, extra):
             self.rope.reserve(n + self.max_tree_depth + 1)
-            if lo < n:
-                parts.append((s, s.n_real, n - lo, None))
-                g.append(s.g[lo:n])
-                tokens += toks[lo + 1:n + 1]
-                pos += range(lo, n)
-                ends.append(n)
-        if parts:
-            out = self._entries(parts, torch.cat(g) if len(g) > 1 else g[0], torch.tensor(tokens), torch.tensor(pos))
-            end = 0
-            for (s, at, m, _), n in zip(parts, ends):
-                end += m
-                s.n_real, s.caught, s.last = at + m, n, out[end - 1]
+            real = max(n - lo, 0)
+            if real + e:
+                parts.append((s, s.n_real, real + e, None))
+                g += [s.g[lo:n]] if real else []
+                g += [self.hold_g.expand(e, -1)] if e else []
+                tokens += toks[lo + 1:n + 1] + ([self.hold_token] * e if e else [])
+                pos += range(lo, n + e) if real else range(n, n + e)
+            spans.append((real, e, n))
+        held: list[Tensor] = []
+        out = self._entries(parts, torch.cat(g) if len(g) > 1 else g[0], torch.tensor(tokens),
+                            torch.tensor(pos)) if parts else None
+        end = 0
+        for (s, _, _, _), (real, e, n) in zip(work, spans):
+            if real:
+                s.n_real, s.last = s.n_real + real, out[end + real - 1]
+            s.caught = max(s.caught, n)
+            held.append(out[end + real:end + real + e] if e else torch.empty(0))
+            end += real + e
+        return held
+
+    def _fuse_new(self, fresh: list[tuple[_Seq, int]]) -> None:
+        """Fuse the features that arrived since the last draft ((state, first position needed) each),
+        in one product for all the sequences, into their ``g`` rows."""
+        if not fresh:
+            return
+        rows = [torch.cat([torch.cat(p, -1) for p in s.raw])[max(lo - s.n_fused, 0):] for s, lo in fresh]
+        fused, at = self.lin["fuse"](torch.cat(rows).float().cpu()), 0   # [N, F * hidden] -> [N, hidden]
+        for (s, _), r in zip(fresh, rows):
+            n, m = s.n_feat, len(r)
+            s.reserve(n + self.max_tree_depth * self.topk + 1)
+            s.g[n - m:n] = fused[at:at + m]
+            s.raw, s.n_fused, at = [], n, at + m
 
     def _children(self, o: Tensor, parts: list[tuple[int, Tree]]) -> list[tuple[Tensor, Tensor]]:
         """The children of outputs o [M, hidden]: per part (m rows, its tree), (scores [m, kk] float32,

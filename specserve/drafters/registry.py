@@ -138,5 +138,5 @@ class DrafterSpec:
 
 def _load_builtin() -> None:
     # importing the modules runs their @register decorators
-    from specserve.drafters import (auto, draft_model, eagle, layerskip, lookahead, medusa, ngram, ngram_tree,  # noqa: F401
-                                    none, oracle, suffix)
+    from specserve.drafters import (auto, draft_model, eagle, eagle_parallel, layerskip, lookahead, medusa,  # noqa: F401
+                                    ngram, ngram_tree, none, oracle, suffix)

@@ -28,6 +28,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-sequences", default=None, metavar="DIR", help="compute the features of regenerated "
                    "sequences (`specserve train regen`) instead of generating answers (--num-prompts: at most "
                    "this many sequences)")
+    p.add_argument("--skip-sequences", type=int, default=0, metavar="N", help="with --from-sequences: start after "
+                   "the first N sequences (in the folder's order)")
 
 
 def add_parser(sub) -> None:
@@ -71,7 +73,12 @@ def add_parser(sub) -> None:
                            help="'eagle' (this project's layer, the shipped head's) or 'eagle3' (EAGLE-3's exact "
                            "layout, which `specserve export eagle` writes for vLLM and SGLang)")
             h.add_argument("--ttt-steps", type=int, default=3, help="training-time-test unroll depth")
+            h.add_argument("--parallel", type=int, default=0, metavar="K", help="train a parallel-drafting head "
+                           "(P-EAGLE): one pass drafts K tokens, positions after the first filled with a learned "
+                           "placeholder; the unroll depth is K (0: a head drafting one token per pass)")
             h.add_argument("--intermediate-size", type=int, default=0, help="MLP width (0: the target's)")
+            h.add_argument("--init", default="", metavar="HEAD", help="start from this head's weights and reduced "
+                           "vocabulary ('default': the shipped eagle head); it must have the same layout and layers")
         else:
             h.add_argument("--heads", type=int, default=4, help="Medusa heads (offsets +2 .. +1+heads)")
 
@@ -94,7 +101,7 @@ def make_data(args: argparse.Namespace, layers: tuple[int, ...]):
     if args.from_sequences:
         from specserve.train.data import from_sequences
         from_sequences(target, args.from_sequences, args.data_dir, DataConfig(layers=layers), args.num_prompts,
-                       progress=_progress("features"))
+                       progress=_progress("features"), skip=args.skip_sequences)
         return target
     tok = load_tokenizer(target)
     prompts = read_prompts(args.prompts or default_prompts(), args.num_prompts, args.seed)
@@ -182,9 +189,13 @@ def train_head(args: argparse.Namespace) -> int:
         make_data(args, needed)
     meta, shards = tdata.load(args.data_dir)
     data = Data(meta, shards, layers)
-    cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab,
-                      steps=getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
+    parallel = getattr(args, "parallel", 0)
+    if parallel < 0 or parallel == 1:
+        raise SpecserveError(f"--parallel takes K >= 2 (tokens one pass drafts) or 0, got {parallel}")
+    cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab, parallel=parallel,
+                      steps=parallel or getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
+                      init=init_head(getattr(args, "init", "")),
                       batch_tokens=args.batch_tokens, positions=args.positions, max_steps=args.max_steps,
                       checkpoint_every=args.checkpoint_every, val_every=args.val_every, seed=args.seed,
                       command="specserve " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
@@ -204,6 +215,14 @@ def train_head(args: argparse.Namespace) -> int:
     print(f"validation: a greedy chain of {val['depth']} accepts {val['accepted']:.2f} drafted tokens per step "
           f"(by depth {', '.join(f'{x:.2f}' for x in val['by_depth'])}); head written to {args.out}", file=sys.stderr)
     return 0
+
+
+def init_head(spec: str) -> str:
+    """``--init``: '' (none), 'default' (the shipped eagle head) or a head folder."""
+    if not spec:
+        return ""
+    from specserve.drafters.heads.runtime import check_head_path, head_path
+    return str(head_path("eagle", check_head_path(spec)))
 
 
 def _train_progress(kind: str):

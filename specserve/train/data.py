@@ -131,21 +131,22 @@ def teacher_forced(target: LoadedModel, rows: list[dict], layers: tuple[int, ...
 
 
 def from_sequences(target: LoadedModel, sequences_dir: str, out_dir: str, cfg: DataConfig, limit: int | None = None,
-                   progress=None) -> Path:
-    """Training shards (as ``generate`` writes them) from a directory of regenerated sequences;
-    resumes after whole shards."""
+                   progress=None, skip: int = 0) -> Path:
+    """Training shards (as ``generate`` writes them) from a directory of regenerated sequences (after
+    the first ``skip``, at most ``limit``); resumes after whole shards."""
     from specserve.train.regen import read_sequences
-    rows = read_sequences(sequences_dir)[:limit]
+    rows = read_sequences(sequences_dir)[skip:skip + limit if limit is not None else None]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"layers": sorted(set(cfg.layers)), "hidden_size": target.config.hidden_size,
             "vocab_size": target.config.vocab_size, "num_layers": target.config.num_layers,
             "max_new_tokens": cfg.max_new_tokens, "prompts": len(rows), "sequences_from": str(sequences_dir),
-            "shards": []}
+            "sequences_skipped": skip, "shards": []}
     meta_path = out / "meta.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if old["layers"] != meta["layers"] or old.get("sequences_from") != meta["sequences_from"]:
+        if (old["layers"] != meta["layers"] or old.get("sequences_from") != meta["sequences_from"]
+                or old.get("sequences_skipped", 0) != skip):
             raise SpecserveError(f"{out} holds data with other layers or other sequences; use a new directory")
         meta["shards"] = old["shards"]
     done, t0 = sum(s["prompts"] for s in meta["shards"]), time.perf_counter()

@@ -31,7 +31,8 @@ def shift(x: Tensor, n: int) -> Tensor:
     return torch.cat([torch.zeros_like(x[:, :n]), x[:, :-n]], 1)
 
 
-def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]:
+def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int,
+                 placeholder: tuple[Tensor, Tensor] | None = None) -> list[Tensor]:
     """Training-time test: g0 [B, T, hidden] fused real features, emb_next [B, T, hidden] embeddings
     of x_{u+1} -> ``steps`` outputs [B, T, hidden]; output j at u predicts x_{u+2} (valid for u >= j).
     ``head``: an EagleHead or an Eagle3Head (the same ``inputs``, ``qkv``, ``finish``).
@@ -39,16 +40,22 @@ def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int) -> list[Tensor]
     Step j (0-based) at position u takes the embedding of x_{u+1} and, for j = 0, the fused real
     feature g_u, for j > 0 the step j-1 output at u - 1; it attends to the step-0 keys of positions
     <= u - j (their inputs are real features) and to one key of each later step on its own diagonal
-    (step i at position u - (j - i)), exactly what drafting j + 1 tokens deep attends to."""
+    (step i at position u - (j - i)), exactly what drafting j + 1 tokens deep attends to.
+
+    ``placeholder`` (g [hidden], emb [hidden]), for a parallel head (P-EAGLE): every step j > 0 takes
+    these inputs instead, at every position; the attention is the same, which is what one pass over
+    the real entry at u - j and the j placeholders after it attends to (``modules``)."""
     B, T, _ = g0.shape
     c = head.cfg
     pos = torch.arange(T).expand(B, T)
     rep = c.num_heads // c.num_kv_heads
     scale = 1.0 / math.sqrt(c.head_dim)
     ks, vs, outs = [], [], []
-    g_in = g0
+    g_in, emb_in = g0, emb_next
     for j in range(steps):
-        x = head.inputs(g_in, emb_next)
+        if j and placeholder is not None:
+            g_in, emb_in = (t.expand(B, T, -1) for t in placeholder)
+        x = head.inputs(g_in, emb_in)
         q, k, v = head.qkv(x, pos)                                               # [B, T, H(kv), d]
         ks.append(k.repeat_interleave(rep, 2))
         vs.append(v.repeat_interleave(rep, 2))
@@ -87,27 +94,38 @@ class Objective:
 
 
 class EagleObjective(Objective):
+    """EAGLE's training-time test; a parallel head (``TrainConfig.parallel`` = K) unrolls K steps
+    with placeholder inputs after the first (``eagle_unroll``)."""
+
+    kind = "eagle"
+
     def head_config(self, cfg, target) -> HeadConfig:
-        return new_config("eagle", target, list(cfg.layers), 0, cfg.intermediate_size)
+        head = new_config(self.kind, target, list(cfg.layers), 0, cfg.intermediate_size)
+        head.parallel, head.mask_token_id = cfg.parallel, cfg.mask_token_id
+        return head
 
     def outputs(self, module, b, steps: int, embed: Tensor) -> list[Tensor]:
         g0 = module.fused(b.feats)
         emb_next = embed[b.tokens.roll(-1, 1)]                                   # x_{u+1} (last: unused)
-        return [module.norm(o) for o in eagle_unroll(module, g0, emb_next, steps)]
+        c = module.cfg
+        hold = (module.placeholder_state(), embed[c.mask_token_id]) if c.parallel else None
+        return [module.norm(o) for o in eagle_unroll(module, g0, emb_next, steps, hold)]
 
     def alignment(self, j: int) -> tuple[int, int]:
         return 1, j
 
     def val_depth(self, cfg) -> int:
-        return cfg.val_depth
+        return cfg.parallel or cfg.val_depth
 
 
 class Eagle3Objective(EagleObjective):
     """EAGLE-3's exact layout, trained as ``eagle`` is; refused unless vLLM and SGLang could serve it."""
 
+    kind = "eagle3"
+
     def head_config(self, cfg, target) -> HeadConfig:
         check_eagle3_layers(cfg.layers, target.config.num_layers)
-        return new_config("eagle3", target, list(cfg.layers), 0, cfg.intermediate_size)
+        return super().head_config(cfg, target)
 
 
 class MedusaObjective(Objective):

@@ -37,6 +37,9 @@ class TrainConfig:
     layers: tuple[int, ...] = ()             # eagle, eagle3: target feature layers fused (medusa: the final layer)
     vocab: int = 8192                        # reduced vocabulary size
     steps: int = 3                           # eagle: training-time-test unroll depth
+    parallel: int = 0                        # eagle: positions one pass drafts (P-EAGLE; 0: one per pass)
+    mask_token_id: int = 0                   # parallel: the placeholder token
+    init: str = ""                           # start from this head's weights and reduced vocabulary ("": random)
     num_medusa: int = 4
     intermediate_size: int = 0               # eagle, eagle3 MLP width (0: the target's)
     epochs: int = 1
@@ -117,19 +120,42 @@ class Trainer:
         if cfg.kind not in OBJECTIVES:
             raise SpecserveError(f"no head kind {cfg.kind!r} to train; choose from {', '.join(OBJECTIVES)}")
         self.cfg, self.target, self.data, self.out = cfg, target, data, Path(out_dir)
+        if cfg.parallel and cfg.steps != cfg.parallel:
+            raise SpecserveError(f"a parallel head unrolls its K = {cfg.parallel} positions in training; got steps {cfg.steps}")
         self.objective = OBJECTIVES[cfg.kind]
         tcfg = target.config
         torch.manual_seed(cfg.seed)
         self.vocab_ids, self.coverage = choose_vocab(data, cfg.vocab, tcfg.vocab_size)
+        start = self._start_from(cfg.init) if cfg.init else None
+        if start is not None:
+            self.vocab_ids = start[1]
         self.rows = target.model.weight_rows("lm_head", self.vocab_ids).cpu()                # [Vr, hidden]
         self.embed = target.model.weight_rows("embed", torch.arange(tcfg.vocab_size)).cpu()  # [V, hidden]
         self.to_sub = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
         self.to_sub[self.vocab_ids] = torch.arange(len(self.vocab_ids))
         self.head_cfg = self.objective.head_config(cfg, target)
         self.module = build(self.head_cfg)
+        if start is not None:
+            self.module.load_state_dict(start[0], strict=False)   # a parallel head's placeholder stays new
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.epoch, self.pos_in_epoch = 0, 0, 0
         self.history: dict = {"step": [], "loss": [], "epoch_val": [], "step_val": [], "positions": 0}
+
+    def _start_from(self, path: str) -> tuple[dict, Tensor]:
+        """The weights and reduced vocabulary of the head at ``path``, refused unless this run trains the
+        same layout on the same feature layers."""
+        from specserve.drafters.heads import load_head
+        head, module, vocab_ids = load_head(path)
+        if head.kind != self.cfg.kind or tuple(head.feature_layers) != tuple(self.cfg.layers):
+            raise SpecserveError(f"--init {path}: a {head.kind} head on layers {head.feature_layers}; this run "
+                                 f"trains {self.cfg.kind} on layers {list(self.cfg.layers)}")
+        if len(vocab_ids) != self.cfg.vocab or head.intermediate_size != (self.cfg.intermediate_size or
+                                                                             self.target.config.intermediate_size):
+            raise SpecserveError(f"--init {path}: its reduced vocabulary ({len(vocab_ids)}) or MLP width "
+                                 f"({head.intermediate_size}) differs from this run's; give the same --vocab and "
+                                 f"--intermediate-size")
+        state = {k: v for k, v in module.state_dict().items() if k != "mask_hidden"}
+        return state, vocab_ids
 
     # -- targets and losses ------------------------------------------------------------------------
     def _target_probs(self, final: Tensor) -> Tensor:

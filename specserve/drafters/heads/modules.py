@@ -20,6 +20,13 @@ newest token; the target's distribution at t is over x_{t+1}).  Layers are named
     ``LlamaForCausalLMEagle3``): q, k, v read [input_norm(e) ; hidden_norm(g)] (2 * hidden wide),
     the residual stream starts at g itself, then post_norm and the MLP; no fc.
 
+  A **parallel** head (``parallel`` = K > 0, P-EAGLE) drafts K tokens in one pass: after the real
+  entry at n - 1 (predicting x_{n+1}) come K - 1 *placeholder* entries at positions n .. n + K - 2,
+  whose inputs stand for the unknown ones: the embedding of ``mask_token_id`` (the target's, frozen)
+  and the state fuse(``mask_hidden``), a learned vector in the features' space [F * hidden] (vLLM's
+  ``mask_hidden``); placeholder entry i (1..K-1) attends causally to the real entries and to the
+  placeholders before it, and its output predicts x_{n+1+i}.
+
   Both expose the drafter's and the trainer's pieces: ``fused``, ``inputs`` (the layer input x),
   ``qkv`` (attention is computed outside, over whatever keys a tree allows), ``finish`` and ``norm``;
   each takes optional ``lin``, its linear maps by name (``LINEARS``) on other kernels.  What the two
@@ -54,6 +61,8 @@ class HeadConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     num_medusa: int = 0                 # medusa: heads (offsets +2 .. +1+M from the pending token)
+    parallel: int = 0                   # eagle, eagle3: positions one pass drafts (P-EAGLE; 0: one per pass)
+    mask_token_id: int = 0              # parallel: the placeholder token whose (target) embedding fills a slot
     vocab_size: int = 0                 # the target's vocabulary
     target: dict = field(default_factory=dict)     # what the head was trained for (see ``target_signature``)
     training: dict = field(default_factory=dict)   # command, data and results behind the head
@@ -93,6 +102,15 @@ class _OneLayer(nn.Module):
 
     def _lin(self, lin: Linears, name: str) -> Callable[[Tensor], Tensor]:
         return lin[name] if lin is not None else getattr(self, name)
+
+    def _placeholder(self, cfg: HeadConfig) -> None:
+        """A parallel head's learned placeholder state, in the features' space (module docstring)."""
+        if cfg.parallel:
+            self.mask_hidden = nn.Parameter(torch.randn(len(cfg.feature_layers) * cfg.hidden_size) * 0.02)
+
+    def placeholder_state(self, lin: Linears = None) -> Tensor:
+        """The placeholder entries' state g = fuse(mask_hidden) [hidden]."""
+        return self._lin(lin, "fuse")(self.mask_hidden[None])[0]
 
     def fused(self, feats: Tensor, lin: Linears = None) -> Tensor:
         """feats [..., F, hidden] (the configured layers, in order) -> g [..., hidden]."""
@@ -146,6 +164,7 @@ class EagleHead(_OneLayer):
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self._placeholder(cfg)
 
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x [..., hidden]."""
@@ -185,6 +204,7 @@ class Eagle3Head(_OneLayer):
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)               # gate rows first
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self._placeholder(cfg)
 
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x = [input_norm(emb) ; g] [..., 2 * hidden]."""

@@ -91,9 +91,15 @@ class Tree:
 
     def grow(self, out: Tensor, values: Tensor, indices: Tensor) -> None:
         """The expanded entries' outputs [m, hidden] and their top ``kk`` (values float32, indices) [m, kk]."""
+        m = len(self.expand)
+        self.out[self.used - m:self.used] = out
+        self.add_children(values, indices)
+
+    def add_children(self, values: Tensor, indices: Tensor) -> None:
+        """The ``expand`` nodes' children: values [m, kk] float32 log-probabilities, indices [m, kk]
+        (a parallel head's: the same row for every parent of a depth)."""
         e, k = self.expand, self.kk
         m = len(e)
-        self.out[self.used - m:self.used] = out
         a, b = self.n, self.n + m * k
         self.tok[a:b] = indices.numpy().reshape(-1)
         self.par[a:b] = np.repeat(e, k)

@@ -1,0 +1,148 @@
+"""The parallel-drafting EAGLE head (``eagle-parallel``, P-EAGLE) on tiny random models.
+
+The drafter's one-pass tree is checked against the training code's slow reference (the unroll with
+placeholder inputs), its catch-up against a fresh drafter, training against a learnable target, and
+the refusals (a head of the other kind, a depth the head was not trained for).  Its engine
+exactness and sampled law are the conformance suite's and ``test_distribution``'s.
+"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import prompt_features, tiny_head, tiny_model
+from specserve.drafters import DraftProposal, DraftRequest, Feedback, create
+from specserve.drafters.heads import load_head
+from specserve.errors import SpecserveError
+from specserve.sampling import SamplingParams
+from specserve.train.objectives import eagle_unroll
+from test_learned import PROMPT, _trainer, counting, data_dir  # noqa: F401  (fixtures)
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=41, vocab=64, layers=4, kernels="torch")
+
+
+def reference_depth_probs(target, head_dir, tokens: list[int], n: int) -> list[torch.Tensor]:
+    """The head's distribution [V] at depths 1..K after pending position n, from the training unroll
+    with placeholder inputs over the whole sequence (positions after n are masked out)."""
+    cfg, module, vocab_ids = load_head(head_dir)
+    seq = tokens[:n + 1] + [0] * (cfg.parallel - 1)
+    feats = prompt_features(target, seq, tuple(cfg.feature_layers))
+    f = torch.stack([feats[l] for l in cfg.feature_layers], 1)[None]            # [1, T, F, hidden]
+    emb = target.model.weight_rows("embed", torch.tensor(seq).roll(-1))[None]
+    rows = target.model.weight_rows("lm_head", vocab_ids)
+    hold = (module.placeholder_state(), target.model.weight_rows("embed", torch.tensor([cfg.mask_token_id]))[0])
+    out = []
+    with torch.no_grad():
+        outs = eagle_unroll(module, module.fused(f), emb, cfg.parallel, hold)
+        for i in range(cfg.parallel):
+            p = torch.zeros(target.config.vocab_size)
+            p[vocab_ids] = (module.norm(outs[i][0, n - 1 + i]) @ rows.T).softmax(-1)
+            out.append(p)
+    return out
+
+
+def drafted(target, head, prompt, pending, k, **options):
+    d = create("eagle-parallel", target, head=head, window=0, **options)
+    d.begin(0, prompt, SamplingParams(), 16)
+    d.feedback(Feedback(0, DraftProposal([]), [], [pending], prompt_features(target, prompt, d.feature_layers)))
+    return d, d.propose([DraftRequest(0, prompt + [pending], k, SamplingParams())])[0]
+
+
+@pytest.mark.parametrize("layout", ["eagle", "eagle3"])
+def test_parallel_tree_matches_the_training_unroll(layout, target):
+    """Every node's confidence is the product of the reference's probabilities of its tokens at their
+    depths (one pass: a depth's distribution does not depend on the path above it), for either layout."""
+    head = tiny_head(layout, target, parallel=K)
+    _, prop = drafted(target, head, PROMPT, 7, 12, topk=3)
+    assert len(prop) == 12 and not prop.is_chain and max(prop.depths()) >= 3
+    ref = reference_depth_probs(target, head, PROMPT + [7], len(PROMPT))
+    parents = prop.parent_list()
+    for i in range(len(prop)):
+        path, a = [], i
+        while a >= 0:
+            path.insert(0, prop.tokens[a])
+            a = parents[a]
+        want = math.prod(float(ref[j][t]) for j, t in enumerate(path))
+        assert prop.confidence[i] == pytest.approx(want, rel=1e-3, abs=1e-7)
+    for i, p in enumerate(parents):
+        assert p < i and (p < 0 or prop.confidence[p] >= prop.confidence[i] - 1e-9)
+    # the first path is the argmax of every depth
+    chain = [0]
+    while len(chain) < K and (kids := [i for i, p in enumerate(parents) if p == chain[-1]]):
+        chain.append(kids[0])
+    assert [prop.tokens[i] for i in chain] == [int(r.argmax()) for r in ref[:len(chain)]]
+
+
+def test_parallel_catch_up_after_accepting_matches_one_pass(target):
+    """Placeholder entries are scratch: after a step that accepted tokens the next draft equals a
+    fresh drafter's given the whole sequence at once."""
+    head = tiny_head("eagle", target, parallel=K)
+    layers = load_head(head)[0].feature_layers
+    full = PROMPT + [7, 8, 9, 10, 11]
+    feats = prompt_features(target, full, tuple(layers))
+    n = len(PROMPT)
+    a, _ = drafted(target, head, PROMPT, 7, 6)
+    a.feedback(Feedback(0, DraftProposal([8, 9]), [0, 1], [8, 9, 10], {l: f[n:n + 3] for l, f in feats.items()}))
+    pa = a.propose([DraftRequest(0, full[:n + 4], 6, SamplingParams())])[0]
+    _, pb = drafted(target, head, full[:n + 3], 10, 6)
+    assert pa.tokens == pb.tokens and pa.parents == pb.parents
+    assert pa.confidence == pytest.approx(pb.confidence, rel=1e-5)
+
+
+def test_depth_and_budget_bound_the_tree(target):
+    head = tiny_head("eagle", target, parallel=K)
+    _, prop = drafted(target, head, PROMPT, 7, 40, topk=4)
+    assert len(prop) <= 40 and max(prop.depths()) == K
+    _, prop = drafted(target, head, PROMPT, 7, 40, topk=4, depth=2)
+    assert max(prop.depths()) == 2
+    _, prop = drafted(target, head, PROMPT, 7, 3, topk=1)
+    assert prop.is_chain and len(prop) == 3
+
+
+def test_heads_of_the_other_kind_are_refused(target):
+    with pytest.raises(SpecserveError, match="run it with eagle-parallel"):
+        create("eagle", target, head=tiny_head("eagle", target, parallel=K))
+    with pytest.raises(SpecserveError, match="run it with eagle$"):
+        create("eagle-parallel", target, head=tiny_head("eagle", target))
+    with pytest.raises(SpecserveError, match="deeper than"):
+        create("eagle-parallel", target, head=tiny_head("eagle", target, parallel=K), depth=K + 1)
+
+
+def test_parallel_training_learns(counting, data_dir, tmp_path):  # noqa: F811
+    """On the counting target (x -> x + 1), every depth of one pass is learnable from the real entry:
+    validation acceptance of the 3-deep chain goes from about 0 to well above what depth 1 alone gives
+    (seeded: no chance involved)."""
+    tr = _trainer(counting, data_dir, tmp_path, parallel=3, steps=3, epochs=12, lr=1e-2)
+    before = tr.validate()
+    after = tr.run()
+    assert before["depth"] == 3 and before["accepted"] < 0.2 and after["accepted"] > 1.2, (before, after)
+    assert after["by_depth"][1] > 0.2 and after["by_depth"][2] > 0.1      # placeholders learned (chance: 1/56)
+    tr.export(str(tmp_path / "head"), {"wall_seconds": 0})
+    d = create("eagle-parallel", counting, head=str(tmp_path / "head"))
+    assert d.cfg.parallel == 3 and d.max_tree_depth == 3
+
+
+def test_training_starts_from_a_head(counting, data_dir, tmp_path):  # noqa: F811
+    """``init``: a parallel head starts from a one-token head's weights and reduced vocabulary (its
+    placeholder new); a head of other layers or another vocabulary size is refused."""
+    ar = _trainer(counting, data_dir, tmp_path / "ar", epochs=1)
+    ar.run()
+    ar.export(str(tmp_path / "ar-head"), {"wall_seconds": 0})
+    _, module, vocab_ids = load_head(str(tmp_path / "ar-head"))
+    tr = _trainer(counting, data_dir, tmp_path / "p", parallel=3, steps=3, init=str(tmp_path / "ar-head"))
+    assert torch.equal(tr.vocab_ids, vocab_ids)
+    mine = tr.module.state_dict()
+    assert set(mine) - set(module.state_dict()) == {"mask_hidden"}
+    for k, v in module.state_dict().items():
+        assert torch.equal(mine[k], v), k
+    with pytest.raises(SpecserveError, match="differs from this run's"):
+        _trainer(counting, data_dir, tmp_path / "q", parallel=3, steps=3, init=str(tmp_path / "ar-head"), vocab=40)
+    other = tiny_head("eagle", counting, layers=[2, 3])
+    with pytest.raises(SpecserveError, match="this run trains eagle on layers"):
+        _trainer(counting, data_dir, tmp_path / "r", parallel=3, steps=3, init=other)
