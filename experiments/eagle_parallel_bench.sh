@@ -8,4 +8,4 @@ OUT=${1:-results/eagle-parallel}
 B=".venv/bin/specserve bench --groups all --per-group 5 --max-tokens 128 --cost-tokens ''"
 eval "$B --concurrency 1 --methods eagle-parallel:k=4,eagle-parallel:k=8,eagle-parallel,eagle:k=4,eagle,ngram-tree --out $OUT/fixed"
 eval "$B --concurrency 1 --methods eagle-parallel,eagle-parallel:k=4,eagle:k=4 --temperature 0.7 --top-p 0.9 --seed 0 --out $OUT/sampled"
-eval "$B --concurrency 1,4,16,32 --concurrency-prompts 60 --methods auto,auto:parts=ngram-tree+suffix/own=0+eagle-parallel --out $OUT/auto"
+eval "$B --concurrency 1,4,16,32 --concurrency-prompts 48 --methods auto,auto:parts=ngram-tree+suffix/own=0+eagle-parallel --out $OUT/auto"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import pytest
 import torch
@@ -82,6 +83,7 @@ def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", 
     (``quantized``: Q4_1 layers, Q8_0 embedding), with int8 activations; a ``-bf16`` suffix (``native-bf16``,
     ``native-int8-bf16``): with a bf16 KV cache."""
     cfg = tiny_config(**kw)
+    custom = f" weights={id(sd)}" if sd is not None else ""          # weights the caller gave
     sd = sd if sd is not None else tiny_state_dict(cfg, seed, scale)
     if kernels.endswith("-bf16"):
         kernels, kv = kernels.removesuffix("-bf16"), "bf16"
@@ -89,7 +91,9 @@ def tiny_model(seed: int = 0, kernels: str = "native", attention: str = "auto", 
         kernels, activations, sd = "native", "int8", quantized(sd)
     opts = RuntimeOptions("float32", "cpu", kernels, attention, activations, kv).resolve()
     model = build_model(cfg, sd, opts)
-    label = f"<tiny seed={seed} scale={scale} activations={getattr(model, 'activations', 'f32')} kv={opts.kv}>"
+    shape = hashlib.sha1(repr(sorted(kw.items())).encode()).hexdigest()[:10]   # two shapes never share a label
+    label = (f"<tiny seed={seed} scale={scale} shape={shape} kernels={opts.kernels} "
+             f"activations={getattr(model, 'activations', 'f32')} kv={opts.kv}{custom}>")
     return LoadedModel(model=model, config=cfg, path=label, options=opts)
 
 

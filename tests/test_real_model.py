@@ -62,6 +62,7 @@ def drafters(llm, plain, prompts):
             "random-draft": lambda: create("draft-model", target, model=random_draft),
             "oracle": lambda: oracle,
             "eagle": lambda: create("eagle", target),
+            "eagle-parallel": lambda: create("eagle-parallel", target),
             "medusa": lambda: create("medusa", target),
             "suffix": lambda: create("suffix", target),           # its corpus grows prompt by prompt
             "lookahead": lambda: create("lookahead", target),
@@ -121,8 +122,8 @@ def test_int8_activations_stay_close_to_transformers(llm, prompts, plain, hf_ref
     assert agree / n >= 0.95 and worst <= 4.0
 
 
-IDENTITY = [(name, k) for name in ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle", "medusa",
-                                    "suffix", "layerskip", "lookahead"] for k in (4, "auto")]
+IDENTITY = [(name, k) for name in ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle",
+                                    "eagle-parallel", "medusa", "suffix", "layerskip", "lookahead"] for k in (4, "auto")]
 
 
 @pytest.mark.parametrize("name,k", IDENTITY)
@@ -161,17 +162,22 @@ def test_tree_budget_16_greedy_identity_and_branches_used(llm, prompts, plain, d
     assert [o.tokens for o in outs] == plain
 
 
+PARALLEL_FLOOR = 1.6     # eagle-parallel at 16 nodes; at 4 nodes (depth 1 mostly) it commits 1.61
+
+
 def test_shipped_heads_accept_and_refuse_another_model(llm, prompts, plain, drafters):
     """The shipped heads draft usefully on the default model (trees of 16 nodes commit more than 1.4
     tokens per target pass on these prompts, where a head that knew nothing would commit about 1;
     measured on an AMD EPYC: EAGLE 1.94 and Medusa 1.49 with int8 activations, 1.96 and 1.52 with
-    fp32, the features they were trained on) and are refused for another target."""
-    for name in ("eagle", "medusa"):
+    fp32, the features they were trained on; on a Zen 4 with int8 activations EAGLE 2.02, Medusa
+    1.50 and the parallel head 1.79, more than 1.6, so its placeholder depths add to its first)
+    and are refused for another target."""
+    for name, floor in (("eagle", 1.4), ("medusa", 1.4), ("eagle-parallel", PARALLEL_FLOOR)):
         eng = Engine(llm.target, {name: drafters[name]()}, max_batch=1, max_len=1024)
         outs = [eng.generate([Request(p, N_TOKENS, drafter=name, num_draft=16)])[0] for p in prompts[:3]]
         assert [o.tokens for o in outs] == plain[:3]
         steps = sum(o.stats.target_passes for o in outs)
-        assert sum(len(o.tokens) for o in outs) / steps > 1.4
+        assert sum(len(o.tokens) for o in outs) / steps > floor, name
         with pytest.raises(SpecserveError, match="hidden_size"):
             create(name, tiny_model(seed=0, vocab=llm.target.config.vocab_size, layers=2))
 

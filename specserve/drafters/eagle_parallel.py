@@ -54,6 +54,7 @@ class EagleParallelOptions(HeadOptions):
 class EagleParallelDrafter(EagleDrafter):
     Options = EagleParallelOptions
     parallel_head = True
+    train_command = "specserve train eagle --parallel 4 --out DIR"
 
     def __init__(self, target: Any, **options: Any):
         super().__init__(target, **options)

@@ -55,14 +55,15 @@ def head_path(kind: str, spec: str) -> Path:
     return shipped_head(kind) if spec == "default" else Path(spec)
 
 
-def open_head(kind: str, spec: str, target, kinds: tuple[str, ...] | None = None
+def open_head(kind: str, spec: str, target, kinds: tuple[str, ...] | None = None, train: str = ""
               ) -> tuple[HeadConfig, torch.nn.Module, Tensor]:
     """Load and check the head ``spec`` (``default``: the shipped one) of drafter ``kind`` for ``target``;
-    ``kinds``: the head kinds (``HeadConfig.kind``) the drafter runs (default: ``kind`` alone)."""
+    ``kinds``: the head kinds (``HeadConfig.kind``) the drafter runs (default: ``kind`` alone);
+    ``train``: the command that trains one (default: ``specserve train KIND --out DIR``)."""
     path = head_path(kind, spec)
     if not (path / "config.json").exists():
         raise SpecserveError(f"no {kind} head is shipped in this install ({path}); train one with "
-                             f"`specserve train {kind} --out DIR` and pass head=DIR")
+                             f"`{train or f'specserve train {kind} --out DIR'}` and pass head=DIR")
     cfg, module, vocab_ids = load_head(path)
     if cfg.kind not in (kinds or (kind,)):
         raise SpecserveError(f"the head at {path} is a {cfg.kind} head, which the {kind} drafter does not run")
@@ -116,12 +117,14 @@ class HeadDrafter(Drafter):
     tree = True
     confidence = True
     head_kinds: ClassVar[tuple[str, ...] | None] = None   # the head kinds it runs (None: its own name's)
+    train_command: ClassVar[str] = ""                      # how one is trained ("": specserve train NAME)
 
     def _open(self, target: Any, options: dict[str, Any]) -> torch.nn.Module:
         """Set ``opts`` from ``options`` and open the head for ``target``: its config, folder, feature
         layers, reduced vocabulary and the target's LM-head rows over it.  Returns the head's module."""
         o = self.opts = self.Options(**options)
-        self.cfg, module, self.vocab_ids = open_head(self.name, o.head, target, kinds=self.head_kinds)
+        self.cfg, module, self.vocab_ids = open_head(self.name, o.head, target, kinds=self.head_kinds,
+                                                           train=self.train_command)
         self.head_dir = str(head_path(self.name, o.head))
         self.topk = o.topk
         self.feature_layers = tuple(self.cfg.feature_layers)
