@@ -1,0 +1,54 @@
+"""Where an `eagle-parallel` draft's time goes on the default model: the median of each part of
+`propose` (the head's one call over real and placeholder entries, the reduced LM head, the tree)
+over three Spec-Bench prompts of 128 tokens at a budget of 4 nodes, one sequence.
+
+    .venv/bin/python experiments/eagle_parallel_draft_time.py [--drafter eagle-parallel] [--k 4]
+"""
+
+import argparse
+import statistics
+import time
+
+from specserve.bench.datasets import load_jsonl
+from specserve.drafters import create
+from specserve.engine import Engine, Request
+from specserve.llm import LLM
+
+
+def timed(obj, name: str, times: dict) -> None:
+    """Wrap ``obj.name`` so that each call's wall seconds are appended to ``times[name]``."""
+    f = getattr(obj, name)
+
+    def g(*a, **k):
+        t = time.perf_counter()
+        r = f(*a, **k)
+        times.setdefault(name, []).append(time.perf_counter() - t)
+        return r
+    setattr(obj, name, g)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", default="eagle-parallel")
+    ap.add_argument("--k", type=int, default=4)
+    args = ap.parse_args()
+    llm = LLM("default", max_batch=1, max_len=1024)
+    prompts = [llm.encode(p.text) for p in load_jsonl()[:4]]
+    d = create(args.drafter, llm.target)
+    eng = Engine(llm.target, {"d": d}, max_batch=1, max_len=1024)
+    times: dict[str, list[float]] = {}
+    for name in ("propose", "_catch_up", "_logits"):
+        timed(d, name, times)
+    eng.generate([Request(prompts[0], 32, drafter="d", num_draft=args.k)])       # warm-up
+    times.clear()
+    t0, steps = time.perf_counter(), 0
+    for p in prompts[1:]:
+        steps += eng.generate([Request(p, 128, drafter="d", num_draft=args.k)])[0].stats.target_passes
+    step_ms = 1000 * (time.perf_counter() - t0) / steps
+    print(f"{args.drafter} k={args.k}: {steps} steps, {step_ms:.2f} ms a step on average")
+    for name, v in times.items():
+        print(f"  {name:10s} {len(v):4d} calls, median {1000 * statistics.median(v):.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
