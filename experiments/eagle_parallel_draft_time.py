@@ -1,6 +1,7 @@
 """Where an `eagle-parallel` draft's time goes on the default model: the median of each part of
 `propose` (the head's one call over real and placeholder entries, the reduced LM head, the tree)
-over three Spec-Bench prompts of 128 tokens at a budget of 4 nodes, one sequence.
+over three Spec-Bench prompts of 128 tokens at a budget of 4 nodes, one sequence; then the head's
+int8 products alone at 5 rows (one real entry and 3 placeholders, plus one row of new features).
 
     .venv/bin/python experiments/eagle_parallel_draft_time.py [--drafter eagle-parallel] [--k 4]
 """
@@ -8,6 +9,8 @@ over three Spec-Bench prompts of 128 tokens at a budget of 4 nodes, one sequence
 import argparse
 import statistics
 import time
+
+import torch
 
 from specserve.bench.datasets import load_jsonl
 from specserve.drafters import create
@@ -48,6 +51,28 @@ def main() -> None:
     print(f"{args.drafter} k={args.k}: {steps} steps, {step_ms:.2f} ms a step on average")
     for name, v in times.items():
         print(f"  {name:10s} {len(v):4d} calls, median {1000 * statistics.median(v):.3f} ms")
+    total = 0.0
+    for name in USED:
+        lin = d.lin[name]
+        x = torch.randn(5, in_features(d, name))
+        ts = []
+        for i in range(220):
+            t = time.perf_counter()
+            lin(x)
+            ts.append(time.perf_counter() - t)
+        total += statistics.median(ts[20:])
+        print(f"  product {name:8s} 5 rows, median {1e6 * statistics.median(ts[20:]):.1f} us")
+    print(f"  the products together: {1000 * total:.3f} ms")
+
+
+def in_features(d, name: str) -> int:
+    """The input width of the head's product ``name`` (its weight's columns)."""
+    c = d.cfg
+    return {"fuse": c.hidden_size * len(c.feature_layers), "fc": 2 * c.hidden_size,
+            "down": c.intermediate_size, "o": c.num_heads * c.head_dim}.get(name, c.hidden_size)
+
+
+USED = ("fuse", "fc", "qkv", "o", "gate_up", "down")    # the products a draft runs (q and kv: as qkv)
 
 
 if __name__ == "__main__":
