@@ -1,7 +1,7 @@
 #!/bin/bash
 # features of regenerated sequences not used by the shipped eagle head, then the parallel head
 set -e
-cd /work/main && source .venv/bin/activate
+cd "$(dirname "$0")/../../.." && source .venv/bin/activate   # the repository root
 date
 time specserve train data --from-sequences data/regen/smollm2-135m --data-dir results/feat-new --skip-sequences 4608 --num-prompts 7000
 date
