@@ -9,8 +9,13 @@ order; confidences equal to float tolerance, bit for bit where the head's shapes
 on one code path), and sampled chains the same tokens, the same q rows and the same draws from each
 sequence's generator.  On tiny random targets with random heads (torch and native kernels, int8
 activations included), and on the real default model with the shipped heads (slow).
+
+Where the runtime runs an EAGLE layer in one call (``Decoder.draft_layer``, the native kernels), the
+fast drafter is driven twice: op by op (bit for bit, as above), and with the one-call layer, whose
+norms, RoPE and attention round in their own order (float tolerance; the same trees).
 """
 
+import math
 import random
 
 import pytest
@@ -42,11 +47,16 @@ def same(kind: str, a: DraftProposal, b: DraftProposal, exact: bool) -> None:
 
 
 def drive(target, kind: str, options: dict, prompts: list[list[int]], steps: int, budgets: list[int],
-          seed: int = 0, exact: bool = True, samplings: list[SamplingParams] = (GREEDY,), fast_only: dict = {}) -> int:
+          seed: int = 0, exact: bool = True, samplings: list[SamplingParams] = (GREEDY,), fast_only: dict = {},
+          one_call: bool = False, check=None) -> int:
     """Run the fast drafter and the reference side by side (module docstring); returns the nodes
-    compared.  ``fast_only``: options the reference does not have."""
+    compared.  ``fast_only``: options the reference does not have; ``one_call``: the fast drafter
+    runs its layer in the runtime's one call where it has one (else op by op); ``check(a, b)``
+    compares a fast proposal with the reference's (default: ``same``)."""
     rng = random.Random(seed)
     fast, ref = create(kind, target, **options, **UNBOUNDED[kind], **fast_only), REF[kind](target, **options)
+    if not one_call and hasattr(fast, "layer"):
+        fast.layer = None
     layers = tuple(fast.feature_layers)
     seqs = {}
     for sid, prompt in enumerate(prompts):
@@ -63,7 +73,7 @@ def drive(target, kind: str, options: dict, prompts: list[list[int]], steps: int
         got = fast.propose(reqs)
         want = [ref.propose([r])[0] for r in reqs]
         for r, a, b in zip(reqs, got, want):
-            same(kind, a, b, exact)
+            check(a, b) if check else same(kind, a, b, exact)
             compared += len(a)
             toks, sp = seqs[r.seq_id]
             path = a.tokens[:rng.randrange(len(a) + 1)] if a.is_chain else first_path(a)[:rng.randrange(3)]
@@ -103,9 +113,18 @@ def wide(request):
 
 
 def exact(target) -> bool:
-    """Bit for bit on the native kernels (batch-invariant); torch's matrix products may round a row
-    differently when it is batched with others (the fast path batches sequences, the reference not)."""
+    """Bit for bit on the native kernels (batch-invariant) op by op; torch's matrix products may round a
+    row differently when it is batched with others (the fast path batches sequences, the reference not)."""
     return target.options.kernels == "native"
+
+
+def both_paths(target, kind: str, options: dict, **kw) -> int:
+    """``drive`` op by op (bit for bit where ``exact``) and, where the runtime runs the layer in one
+    call, with that call (float tolerance); returns the nodes compared in the smaller run."""
+    ops = drive(target, kind, options, exact=exact(target), **kw)
+    if create(kind, target, **options).__dict__.get("layer") is None:
+        return ops
+    return min(ops, drive(target, kind, options, exact=False, one_call=True, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +135,7 @@ def narrow():
 @pytest.mark.parametrize("kind,options", [("eagle", {"topk": 4, "depth": 5}), ("eagle", {}), ("medusa", {"topk": 3})])
 def test_greedy_trees_are_the_reference_trees(wide, kind, options):
     opts = {"head": tiny_head(kind, wide), **options}
-    assert drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24], exact=exact(wide)) > 100
+    assert both_paths(wide, kind, opts, prompts=PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24]) > 100
 
 
 def test_eagle3_layout_trees_are_the_reference_trees():
@@ -125,7 +144,8 @@ def test_eagle3_layout_trees_are_the_reference_trees():
     t = tiny_model(seed=50, vocab=96, layers=4, kernels="native", hidden_size=128, num_heads=2, num_kv_heads=1,
                    head_dim=64, intermediate_size=128)
     opts = {"head": tiny_head("eagle3", t), "topk": 4, "depth": 5}
-    assert drive(t, "eagle", opts, PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24]) > 100
+    assert create("eagle", t, **opts).layer is not None          # the native runtime's one call
+    assert both_paths(t, "eagle", opts, prompts=PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24]) > 100
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
@@ -139,8 +159,8 @@ def test_narrow_heads_agree_to_float_tolerance(narrow, kind):
 def test_sampled_chains_beside_greedy_trees_keep_their_q_rows_and_draws(wide, kind):
     """A sampled tree of width 1 is the reference's chain: the same draws, the same q rows."""
     opts = {"head": tiny_head(kind, wide), "topk": 3}
-    assert drive(wide, kind, opts, PROMPTS, steps=6, budgets=[0, 1, 3, 5], samplings=[GREEDY] + SAMPLED,
-                 exact=exact(wide), fast_only={"sample_width": 1}) > 20                            # 46-48 measured
+    assert both_paths(wide, kind, opts, prompts=PROMPTS, steps=6, budgets=[0, 1, 3, 5], samplings=[GREEDY] + SAMPLED,
+                      fast_only={"sample_width": 1}) > 20                                         # 46-48 measured
 
 
 def test_a_step_that_drafts_nothing_only_keeps_the_features(wide):
@@ -219,12 +239,62 @@ def test_rope_table_is_rotary():
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_shipped_heads_on_the_default_model(kind, default_target):
+    """Op by op, bit for bit.  With the one-call layer (eagle): int8 activations round a product's
+    input rows to int8 codes, so a last-bit difference in a norm can move a row's code by one step and
+    a deep node's score by a few percent; near-ties among deep, unlikely nodes may then swap.  So the
+    one-call trees are checked by their paths of tokens: at least 90% of the reference's nodes
+    shared (measured: 168 of 171), every proposal's first node the same, its log-confidence within
+    0.1 of the reference's (measured: 0.03); deterministic (seeded), so no false failures.  On fp32 activations the
+    one-call trees are the reference's to float tolerance (the next test)."""
     from specserve.llm import LLM
     llm = LLM(loaded=default_target, drafters=["ngram"], max_batch=1, max_len=1024)      # for its chat template
+    runs = _real_runs(llm)
+    assert all(drive(llm.target, kind, {}, **kw) > n for kw, n in runs)
+    if kind != "eagle":
+        return
+    shared, total, shift = [0], [0], [0.0]
+
+    def close(a: DraftProposal, b: DraftProposal) -> None:
+        pa, pb = paths(a), paths(b)
+        assert (not a.tokens) == (not b.tokens)
+        if a.tokens:
+            assert a.tokens[0] == b.tokens[0]
+            shift[0] = max(shift[0], abs(math.log(a.confidence[0] / b.confidence[0])))
+        shared[0] += len(pa.keys() & pb.keys())
+        total[0] += len(pb)
+    for kw, _ in runs:
+        drive(llm.target, kind, {}, exact=False, one_call=True, check=close, **kw)
+    print(f"one call: {shared[0]} of {total[0]} nodes shared, first nodes' log-confidence within {shift[0]:.4f}")
+    assert total[0] > 100 and shared[0] >= 0.9 * total[0] and shift[0] < 0.1
+
+
+@pytest.mark.slow
+def test_the_one_call_layer_on_the_default_model_with_fp32_activations():
+    """The default model on fp32 activations: the one-call layer's trees are the reference's (the
+    same tokens and parents, confidences to 1e-4)."""
+    from specserve.llm import LLM
+    from specserve.models.loader import RuntimeOptions
+    llm = LLM("default", RuntimeOptions(activations="f32"), drafters=["ngram"], max_batch=1, max_len=1024)
+    assert create("eagle", llm.target).layer is not None
+    assert all(drive(llm.target, "eagle", {}, exact=False, one_call=True, **kw) > n for kw, n in _real_runs(llm))
+
+
+def _real_runs(llm) -> list[tuple[dict, int]]:
+    """``drive``'s settings on the real model, with the fewest nodes each compares: greedy trees of
+    budgets up to 24 over four chat prompts; six sampled proposals of 2 or 6 nodes (depth limits 1-3
+    and any: 13-15 nodes measured)."""
     texts = ["Write a haiku about autumn leaves.", "Explain how a transistor works, briefly.",
              "What is 17 * 23? Show the steps.", "Translate 'good morning, friends' into French and German."]
     prompts = [llm.encode([{"role": "user", "content": t}]) for t in texts]
-    assert drive(llm.target, kind, {}, prompts, steps=4, budgets=[0, 4, 8, 16, 24]) > 100
-    # six sampled proposals of 2 or 6 nodes (depth limits 1-3 and any): 13-15 nodes measured
-    assert drive(llm.target, kind, {}, prompts[:2], steps=3, budgets=[2, 6], samplings=SAMPLED,
-                 fast_only={"sample_width": 1}) > 6
+    return [(dict(prompts=prompts, steps=4, budgets=[0, 4, 8, 16, 24]), 100),
+            (dict(prompts=prompts[:2], steps=3, budgets=[2, 6], samplings=SAMPLED, fast_only={"sample_width": 1}), 6)]
+
+
+def paths(p: DraftProposal) -> dict[tuple[int, ...], float]:
+    """Each node of a proposal as its path of tokens from the root, with its confidence."""
+    out: dict[tuple[int, ...], float] = {}
+    keys: list[tuple[int, ...]] = []
+    for i, par in enumerate(p.parent_list()):
+        keys.append((keys[par] if par >= 0 else ()) + (p.tokens[i],))
+        out[keys[-1]] = p.confidence[i]
+    return out

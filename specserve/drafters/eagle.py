@@ -38,6 +38,13 @@ nodes (attention alone runs per sequence, over its own entries); a tree's bookke
 operations per depth on its whole frontier, its ancestor mask grown a depth at a time
 (``specserve.drafters.heads.tree``).  q, k and v are one matrix product, rotary positions come from
 a table, and greedy and sampled trees share the same calls.
+
+Where the target's runtime runs the head's layer in one call (``Decoder.draft_layer``: the native
+kernels), each head call is that one foreign call, attention under the tree's masks included, and the
+final norm before the reduced LM head another; elsewhere the layer runs op by op in torch around the
+runtime's products (``lin``).  The two differ only in the order their norms, RoPE and attention
+round (tests/test_draft_layer.py); at a few rows the op-by-op layer's twenty-odd small torch
+operations cost more than its products (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from specserve.drafters.heads.runtime import HeadDrafter, HeadOptions, head_opti
 from specserve.drafters.heads.tree import SampledTree, Tree
 from specserve.drafters.registry import register
 from specserve.errors import SpecserveError
+from specserve.models.draft_layer import DraftLayerSpec, DraftPart
 from specserve.sampling import SamplingParams
 
 
@@ -122,6 +130,11 @@ class EagleDrafter(HeadDrafter):
         self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
                     for name in module.LINEARS}
         self.lin["qkv"] = m.matmul(torch.cat([module.q.weight, module.kv.weight]))  # q, k, v in one product
+        c = self.cfg
+        with torch.no_grad():
+            self.layer = m.draft_layer(DraftLayerSpec(c.kind, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                                                      c.intermediate_size, c.rms_norm_eps, module.draft_weights()))
+        self.norm_w = module.norm.weight.detach().float().contiguous()      # the final norm's weight [hidden]
         self.rope = RopeTable(self.cfg.head_dim, self.cfg.rope_theta)
         self.vocab_np = self.vocab_ids.numpy()
         self.seqs: dict[int, _Seq] = {}
@@ -158,8 +171,12 @@ class EagleDrafter(HeadDrafter):
         (embedding ids), pos [M] rotary positions; the rows are the parts' in order, a part (s, at, m,
         mask) being m rows of sequence s whose keys/values are written at its slots at..at+m-1 (see
         ``_attend`` for the keys they see).  Returns the outputs [M, hidden]."""
-        h = self.head                                         # either layout (``modules``)
-        x = h.inputs(g, self.target.model.weight_rows("embed", tokens).cpu(), self.lin)
+        emb = self.target.model.weight_rows("embed", tokens).cpu()
+        if self.layer is not None:                            # the runtime's one call for the whole layer
+            return self.layer(g, emb, pos, self.rope.cos, self.rope.sin,
+                              [DraftPart(s.k, s.v, at, m, s.n_real, mask) for s, at, m, mask in parts])
+        h = self.head                                         # either layout (``modules``), op by op
+        x = h.inputs(g, emb, self.lin)
         q, k, v = self._qkv(h.normed(x), pos)
         att, lo = [], 0
         for s, at, m, mask in parts:
@@ -195,6 +212,8 @@ class EagleDrafter(HeadDrafter):
 
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
+        if self.layer is not None:
+            return self.lm(self.layer.norm(o.contiguous(), self.norm_w))
         return self.lm(self.head.norm(o))
 
     def _catch_up(self, batch: list[tuple[_Seq, list[int]]], extra: list[int] | None = None) -> list[Tensor]:

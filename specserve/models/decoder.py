@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from specserve.models.config import ModelConfig
+from specserve.models.draft_layer import DraftLayerSpec
 from specserve.models.kv_cache import KVCache
 
 # The parts a pass is timed by (``PartTimer``): projections, attention, LM head, the rest.
@@ -131,6 +132,12 @@ class Decoder(Protocol):
         """y = x W^T (+ b) on this runtime's own kernels, for a learned drafter's head: weight
         [out, in] and bias [out] are converted once, here; the function maps x [M, in] to
         float32 [M, out] on the CPU (heads run there whatever the model's device)."""
+
+    def draft_layer(self, spec: DraftLayerSpec) -> Callable | None:
+        """A learned drafter's EAGLE layer (``specserve.models.draft_layer``) run by this runtime in one
+        call per head call: a function (g, emb, pos, cos, sin, parts) -> outputs [M, hidden] with a
+        ``norm(x, w)`` method (RMSNorm at the layer's epsilon), its products as ``matmul``'s; or None
+        where the runtime has no such call (the drafter then runs the layer op by op)."""
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decoding pass reads, as this runtime stores them."""

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from specserve.models.config import ModelConfig
-from specserve.models.decoder import (ForwardOutput, Layout, PartTimer, ancestor_mask, check_parents,
-                                      logit_rows, tree_depths)
+from specserve.models.decoder import (DraftLayerSpec, ForwardOutput, Layout, PartTimer, ancestor_mask,
+                                      check_parents, logit_rows, tree_depths)
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import (KEY_BLOCK, QUERY_BLOCK, VIRTUAL_MAX_TOKENS, Linear, RMSNorm, apply_rope,
                                      invariant_attention, invariant_attention_bias, rope_tables_by_base,
@@ -245,6 +245,9 @@ class Transformer(nn.Module):
             y = x.to("cpu", torch.float32) @ w.T                                 # [M, out]
             return y + b if b is not None else y
         return apply
+
+    def draft_layer(self, spec: DraftLayerSpec) -> None:
+        """None: the torch runtimes run a drafter's layer op by op (see the protocol)."""
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,

@@ -166,6 +166,13 @@ class EagleHead(_OneLayer):
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self._placeholder(cfg)
 
+    def draft_weights(self) -> dict[str, Tensor]:
+        """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
+        return {"norm_e": self.emb_norm.weight, "norm_g": self.feat_norm.weight, "fc": self.fc.weight,
+                "attn_norm": self.attn_norm.weight, "qkv": torch.cat([self.q.weight, self.kv.weight]),
+                "o": self.o.weight, "mlp_norm": self.ffn_norm.weight, "gate_up": self.gate_up.weight,
+                "down": self.down.weight}
+
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x [..., hidden]."""
         return self._lin(lin, "fc")(torch.cat([self.emb_norm(emb), self.feat_norm(g)], -1))
@@ -205,6 +212,12 @@ class Eagle3Head(_OneLayer):
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self._placeholder(cfg)
+
+    def draft_weights(self) -> dict[str, Tensor]:
+        """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
+        return {"norm_e": self.input_norm.weight, "norm_g": self.hidden_norm.weight,
+                "qkv": torch.cat([self.q.weight, self.kv.weight]), "o": self.o.weight,
+                "mlp_norm": self.post_norm.weight, "gate_up": self.gate_up.weight, "down": self.down.weight}
 
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x = [input_norm(emb) ; g] [..., 2 * hidden]."""

@@ -1,6 +1,7 @@
 """The native library's interface as ctypes sees it: every exported function's signature, the two
 structures ``ss_forward`` reads (``SsPass`` and its table of ``SsLayer``, mirrored field for field from
-forward.cpp), and the check, when the library is loaded, that both sides agree.
+forward.cpp), the two ``ss_draft_layer`` reads (``SsDraftLayer`` and its ``SsDraftPart``s, from
+draft_layer.cpp), and the check, when the library is loaded, that both sides agree.
 
 The library states its version (``ABI_VERSION`` in simd.h), the sizes of its structures and the names
 of the parts it times a pass by; a library that differs in any of them is refused before a pass runs,
@@ -13,7 +14,7 @@ import ctypes
 
 from specserve.models.decoder import PARTS
 
-ABI_VERSION = 12          # ABI_VERSION in simd.h
+ABI_VERSION = 13          # ABI_VERSION in simd.h
 MAX_TREE_TOKENS = 256     # longest tree pass per row (MAX_TREE_TOKENS in attention.h)
 
 _I64, _P, _F32, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -51,6 +52,39 @@ class SsPass(ctypes.Structure):
     def new(cls, **fields) -> "SsPass":
         return cls(version=ABI_VERSION, pass_size=ctypes.sizeof(cls), layer_size=ctypes.sizeof(SsLayer), **fields)
 
+
+class SsDraftPart(ctypes.Structure):
+    """One sequence's rows of a draft-layer call (``SsDraftPart`` in draft_layer.cpp): its key and value
+    buffers [capacity, Hkv, D], its rows of the call, the slots they are written at, the slots of its
+    real entries, and its mask [m, mask_stride] (bool; None: causal)."""
+
+    _fields_ = [("k", _P), ("v", _P), ("capacity", _I64), ("row0", _I64), ("m", _I64), ("at", _I64),
+                ("n_real", _I64), ("mask", _P), ("mask_stride", _I64)]
+
+
+class SsDraftLayer(ctypes.Structure):
+    """A learned drafter's EAGLE layer and one call's inputs (``SsDraftLayer`` in draft_layer.cpp):
+    layout (0 eagle, 1 eagle3), sizes, weights (products with their formats, fp32 norms), inputs,
+    rotary tables, parts and the output buffer.  ``new`` fills in the version and sizes."""
+
+    _fields_ = [("version", _I64), ("layer_size", _I64), ("part_size", _I64), ("layout", _I64),
+                ("M", _I64), ("hid", _I64), ("H", _I64), ("Hkv", _I64), ("D", _I64), ("inter", _I64), ("B", _I64),
+                ("eps", _F32), ("scale", _F32),
+                ("norm_e", _P), ("norm_g", _P), ("fc", _P), ("fc_fmt", _I64), ("attn_norm", _P),
+                ("qkv", _P), ("qkv_fmt", _I64), ("o", _P), ("o_fmt", _I64), ("mlp_norm", _P),
+                ("gate_up", _P), ("gate_up_fmt", _I64), ("down", _P), ("down_fmt", _I64),
+                ("g", _P), ("emb", _P), ("pos", _P), ("cos", _P), ("sin", _P), ("positions", _I64),
+                ("parts", ctypes.POINTER(SsDraftPart)), ("out", _P)]
+
+    @classmethod
+    def new(cls, **fields) -> "SsDraftLayer":
+        return cls(version=ABI_VERSION, layer_size=ctypes.sizeof(cls), part_size=ctypes.sizeof(SsDraftPart), **fields)
+
+
+# ss_draft_layer's status codes (0: the call ran).
+DRAFT_LAYER_ERRORS = {1: "its version is not the library's", 2: "its structure sizes are not the library's",
+                      3: "a position lies outside the rotary tables",
+                      4: "a part's rows, slots or mask lie outside the call's or its buffers"}
 
 # ss_forward's status codes (0: the pass ran).
 FORWARD_ERRORS = {1: "its version is not the library's", 2: "its structure sizes are not the library's"}
@@ -90,6 +124,8 @@ SIGNATURES = {
     "ss_forward_abi": ([ctypes.POINTER(_I64)], None),
     "ss_part_name": ([_I32], ctypes.c_char_p),
     "ss_forward": ([ctypes.POINTER(SsPass)], _I32),
+    "ss_draft_layer_abi": ([ctypes.POINTER(_I64)], None),
+    "ss_draft_layer": ([ctypes.POINTER(SsDraftLayer)], _I32),
 }
 
 
@@ -108,6 +144,11 @@ def bind(lib: ctypes.CDLL, name: str) -> None:
     if tuple(got) != want:
         raise RuntimeError(f"native kernel library {name} and abi.py disagree on ss_forward's structures: "
                            f"(version, pass, layer, parts) {tuple(got)} there, {want} here")
+    lib.ss_draft_layer_abi(got)
+    want = (ABI_VERSION, ctypes.sizeof(SsDraftLayer), ctypes.sizeof(SsDraftPart))
+    if tuple(got[:3]) != want:
+        raise RuntimeError(f"native kernel library {name} and abi.py disagree on ss_draft_layer's structures: "
+                           f"(version, layer, part) {tuple(got[:3])} there, {want} here")
     if part_names(lib) != PARTS:
         raise RuntimeError(f"native kernel library {name} times the parts {part_names(lib)}, not {PARTS}")
 
@@ -126,3 +167,10 @@ def run_pass(lib: ctypes.CDLL, p: SsPass) -> None:
     status = lib.ss_forward(ctypes.byref(p))
     if status:
         raise RuntimeError(f"ss_forward refused the pass: {FORWARD_ERRORS.get(status, f'status {status}')}")
+
+
+def run_draft_layer(lib: ctypes.CDLL, p: SsDraftLayer) -> None:
+    """Run one draft-layer call, raising if the library refuses it (running nothing)."""
+    status = lib.ss_draft_layer(ctypes.byref(p))
+    if status:
+        raise RuntimeError(f"ss_draft_layer refused the call: {DRAFT_LAYER_ERRORS.get(status, f'status {status}')}")

@@ -29,6 +29,7 @@ HERE = Path(__file__).parent
 BASE_ISA = ["-mavx2", "-mfma", "-mf16c"]
 VNNI512_ISA = BASE_ISA + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE / "forward.cpp": BASE_ISA,
+           HERE / "draft_layer.cpp": BASE_ISA,
            HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA, HERE / "attention.cpp": BASE_ISA,
            HERE / "attention_avx512.cpp": BASE_ISA + ["-mavx512f"],
            HERE / "q8_vnni512.cpp": VNNI512_ISA, HERE / "q8_vnni512w.cpp": VNNI512_ISA,

@@ -32,7 +32,9 @@ from specserve.models.gguf_file import release_mapped
 from specserve.models.kv_cache import KVCache
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
+from specserve.models.draft_layer import DraftLayerSpec
 from specserve.models.native.build import library
+from specserve.models.native.draft_layer import NativeDraftLayer
 from specserve.models.native.formats import F16, Q4_0, Q5_0, BlockWeight, NativeWeight
 from specserve.models.native.kernels import linear, move_slots
 from specserve.models.native.packed import ACTIVATIONS, FusedParts, PackedWeight, fuse, packable, quantize_q8_0
@@ -261,16 +263,28 @@ class NativeTransformer(OnCpu, nn.Module):
         self._timer = timer
 
     def matmul(self, weight: Tensor, bias: Tensor | None = None) -> Callable[[Tensor], Tensor]:
-        """y = x W^T (+ b) on the native kernels (see the protocol): weight [out, in] as Q8_0 blocks
-        on the int8 kernels when this model runs int8 activations (and in is a multiple of 32),
-        else as float16 blocks against fp32 activations; bias [out] in fp32."""
-        w32 = weight.detach().to("cpu", torch.float32)
-        if self.activations == "int8" and weight.shape[1] % 32 == 0:
-            w: BlockWeight = PackedWeight.pack(quantize_q8_0(w32))
-        else:
-            w = NativeWeight.from_float(w32, F16)
+        """y = x W^T (+ b) on the native kernels (see the protocol): weight [out, in] as ``head_block``
+        converts it; bias [out] in fp32."""
+        w = self.head_block(weight)
         b = bias.detach().to("cpu", torch.float32).contiguous() if bias is not None else None
         return lambda x: linear(x.to(torch.float32).contiguous(), w, b)             # [M, in] -> [M, out]
+
+    def head_block(self, weight: Tensor) -> BlockWeight:
+        """A drafter head's weight [out, in] as the kernels run it: Q8_0 blocks on the int8 kernels when
+        this model runs int8 activations (and in is a multiple of 32), else float16 blocks against fp32
+        activations."""
+        w32 = weight.detach().to("cpu", torch.float32)
+        if self.activations == "int8" and weight.shape[1] % 32 == 0:
+            return PackedWeight.pack(quantize_q8_0(w32))
+        return NativeWeight.from_float(w32, F16)
+
+    def draft_layer(self, spec: DraftLayerSpec) -> NativeDraftLayer | None:
+        """``spec``'s layer in one native call per head call (see the protocol), its products as
+        ``matmul``'s; None where the kernels' row widths do not divide its sizes (hidden, head_dim and
+        the intermediate size multiples of 8)."""
+        if any(n % 8 for n in (spec.hidden, spec.head_dim, spec.intermediate)):
+            return None
+        return NativeDraftLayer(spec, self.head_block)
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, cache: KVCache, rows: list[int], start: list[int], *,

@@ -55,7 +55,7 @@ constexpr int MIXED = 64;
 constexpr int MIXED_HEADER = 128;
 // The library's interface version (ss_abi_version, SsPass::version; ABI_VERSION in abi.py): bumped
 // whenever an exported function's arguments or the structures ss_forward reads change.
-constexpr int64_t ABI_VERSION = 12;
+constexpr int64_t ABI_VERSION = 13;
 
 // The cache's bf16 element: an fp32's top 16 bits (layer_ops.cpp writes them, attention.h reads them).
 using bf16 = uint16_t;
