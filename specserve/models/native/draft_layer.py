@@ -4,8 +4,6 @@ head call, its products on the same kernels and in the same formats as ``NativeM
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import Tensor
 
