@@ -16,11 +16,14 @@ from specserve.drafters.eagle import _Seq
 from specserve.models.draft_layer import DraftLayerSpec, DraftPart
 
 SHAPE = dict(vocab=96, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256)
+WIDE_GROUPS = dict(SHAPE, num_heads=6, num_kv_heads=1)      # six query heads a key: attended 4 + 2 at a time
 
 
-@pytest.fixture(scope="module", params=["native", "native-int8"])
+@pytest.fixture(scope="module", params=[("native", SHAPE), ("native-int8", SHAPE), ("native", WIDE_GROUPS)],
+                ids=["native", "native-int8", "native-6-heads-a-key"])
 def target(request):
-    return tiny_model(seed=61, layers=4, kernels=request.param, **SHAPE)
+    kernels, shape = request.param
+    return tiny_model(seed=61, layers=4, kernels=kernels, **shape)
 
 
 def states(d, gen: torch.Generator) -> list[_Seq]:

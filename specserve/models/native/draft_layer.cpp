@@ -7,6 +7,8 @@
 // in arithmetic at a few rows).  The final norm before the reduced LM head is left to the caller
 // (ss_rmsnorm), which runs it on the rows it wants logits for.
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "simd.h"
@@ -74,35 +76,87 @@ inline void rope_row(const float* x, const float* cs, const float* sn, int64_t D
   for (int64_t d = 0; d < D; ++d) out[d] = x[d] * cs[d] + x[d < half ? d + half : d - half] * sn[d];
 }
 
-// Attention of one part's rows (q [M, H D] rotated, keys and values already written): out [M, H D].
-void attend(const SsDraftLayer& p, const SsDraftPart& s, const float* q, float* out, std::vector<float>& w) {
-  const int64_t H = p.H, Hkv = p.Hkv, D = p.D, rep = H / Hkv, end = s.at + s.m;
-  w.resize(end);
-  for (int64_t r = 0; r < s.m; ++r) {
-    const int64_t row = s.row0 + r, self = s.at + r;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q + (row * H + h) * D;
-      const int64_t g = h / rep;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < end; ++j) {
-        const bool seen = j < s.n_real || (s.mask ? s.mask[r * s.mask_stride + j - s.n_real] != 0 : j <= self);
-        w[j] = seen ? dot(qh, s.k + (j * Hkv + g) * D, D) * p.scale : -INFINITY;
-        mx = w[j] > mx ? w[j] : mx;
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < end; ++j) {
-        w[j] = w[j] == -INFINITY ? 0.0f : std::exp(w[j] - mx);
-        total += w[j];
-      }
-      float* o = out + (row * H + h) * D;
-      std::memset(o, 0, D * sizeof(float));
-      for (int64_t j = 0; j < end; ++j) {
-        if (w[j] == 0.0f) continue;
-        const float a = w[j] / total;
-        const float* vj = s.v + (j * Hkv + g) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] += a * vj[d];
-      }
+// Softmax in place over w[0 .. end) (masked keys at -inf become exact zeros; w padded to end + 8):
+// vectorised 8 keys at a time.  Returns 1 / the sum of the exponentials.
+float softmax_exp(float* w, int64_t end) {
+  for (int64_t j = end; j < end + 8; ++j) w[j] = -INFINITY;         // padding lanes: exact zeros below
+  const __m256 none = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+  __m256 mx = none;
+  for (int64_t j = 0; j < end; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(w + j));
+  const __m256 top = _mm256_set1_ps(hmax(mx));
+  __m256 sum = zero;
+  for (int64_t j = 0; j < end; j += 8) {
+    const __m256 v = _mm256_loadu_ps(w + j);
+    const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, top)), zero, _mm256_cmp_ps(v, none, _CMP_EQ_OQ));
+    _mm256_storeu_ps(w + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return 1.0f / hsum(sum);
+}
+
+// One row of a part against key/value head g, for R of the query heads that share it (h0 ..
+// h0 + R - 1): each key and each value read once for all R (scores by dot products, the values'
+// weighted sums 8 dimensions at a time with the R sums in registers).  w: scratch of R * (end + 8).
+template <int R>
+void attend_group(const SsDraftLayer& p, const SsDraftPart& s, int64_t r, int64_t g, int64_t h0, const float* q,
+                  float* out, float* w) {
+  const int64_t Hkv = p.Hkv, D = p.D, end = s.at + s.m, row = s.row0 + r, self = s.at + r, stride = end + 8;
+  const float* qg = q + (row * p.H + h0) * D;
+  for (int64_t j = 0; j < end; ++j) {
+    const bool seen = j < s.n_real || (s.mask ? s.mask[r * s.mask_stride + j - s.n_real] != 0 : j <= self);
+    const float* kj = s.k + (j * Hkv + g) * D;
+    for (int i = 0; i < R; ++i) w[i * stride + j] = seen ? dot(qg + i * D, kj, D) * p.scale : -INFINITY;
+  }
+  float inv[R];
+  for (int i = 0; i < R; ++i) inv[i] = softmax_exp(w + i * stride, end);
+  float* o = out + (row * p.H + h0) * D;
+  const int64_t step = Hkv * D;                                       // from one key's values to the next
+  const float* v0 = s.v + g * D;
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < end; ++j) {
+      const __m256 v = _mm256_loadu_ps(v0 + j * step + d);
+      for (int i = 0; i < R; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(w[i * stride + j]), v));
     }
+    for (int i = 0; i < R; ++i) _mm256_storeu_ps(o + i * D + d, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv[i])));
+  }
+}
+
+// A row against one key/value head, whatever its share of query heads: R = 1 .. 4 at once, more in
+// groups of up to 4 (each group reads the keys and values once).
+void attend_row_group(const SsDraftLayer& p, const SsDraftPart& s, int64_t r, int64_t g, const float* q, float* out,
+                      float* w) {
+  const int64_t rep = p.H / p.Hkv;
+  for (int64_t h0 = g * rep; h0 < (g + 1) * rep; h0 += 4) {
+    switch (std::min<int64_t>(4, (g + 1) * rep - h0)) {
+      case 1: attend_group<1>(p, s, r, g, h0, q, out, w); break;
+      case 2: attend_group<2>(p, s, r, g, h0, q, out, w); break;
+      case 3: attend_group<3>(p, s, r, g, h0, q, out, w); break;
+      default: attend_group<4>(p, s, r, g, h0, q, out, w); break;
+    }
+  }
+}
+
+// Attention of every part's rows (q [M, H D] rotated, keys and values already written): out [M, H D],
+// the (row, key/value head) pairs split over the threads when the keys they read are many enough to
+// pay for waking them.
+void attend(const SsDraftLayer& p, const float* q, float* out) {
+  std::vector<std::pair<const SsDraftPart*, int64_t>> rows;         // (part, row within it)
+  int64_t keys = 0, widest = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const SsDraftPart& s = p.parts[b];
+    for (int64_t r = 0; r < s.m; ++r) rows.emplace_back(&s, r);
+    keys += s.m * (s.at + s.m);
+    widest = std::max(widest, s.at + s.m);
+  }
+  const int64_t pairs = static_cast<int64_t>(rows.size()) * p.Hkv;
+#pragma omp parallel num_threads(threads()) if (keys * p.H * p.D >= (1 << 18))
+  {
+    std::vector<float> w(4 * (widest + 8));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < pairs; ++i)
+      attend_row_group(p, *rows[i / p.Hkv].first, rows[i / p.Hkv].second, i % p.Hkv, q, out, w.data());
   }
 }
 
@@ -136,7 +190,7 @@ int ss_draft_layer(const SsDraftLayer* p) {
   }
   const int64_t in = p->layout == 0 ? hid : 2 * hid;
   std::vector<float> a(M * 2 * hid), x(M * hid), hn(M * in), qkv(M * W), q(M * H * D), att(M * H * D),
-      gu(M * 2 * p->inter), act(M * p->inter), w;
+      gu(M * 2 * p->inter), act(M * p->inter);
   // 1. the layer input: eagle x = fc([emb_norm(e) ; feat_norm(g)]), hn = attn_norm(x);
   //    eagle3 hn = [input_norm(e) ; hidden_norm(g)], the residual stream starts at g
   for (int64_t m = 0; m < M; ++m) {
@@ -165,7 +219,7 @@ int ss_draft_layer(const SsDraftLayer* p) {
     }
   }
   // 3. attention per part, over its own entries; the residual stream += o(att)
-  for (int64_t b = 0; b < p->B; ++b) attend(*p, p->parts[b], q.data(), att.data(), w);
+  attend(*p, q.data(), att.data());
   ss_linear(att.data(), M, H * D, p->o, static_cast<int>(p->o_fmt), hid, nullptr, x.data(), 1);
   // 4. the MLP: x += down(silu(gate) * up)(mlp_norm(x))
   ss_rmsnorm(x.data(), p->mlp_norm, M, hid, p->eps, hn.data());
