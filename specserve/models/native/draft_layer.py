@@ -25,14 +25,13 @@ class NativeDraftLayer:
         self.spec, self.lib = spec, library()
         self.norms = {n: spec.weights[n].detach().float().contiguous() for n in NORMS if n in spec.weights}
         self.products: dict[str, BlockWeight] = {n: block(spec.weights[n]) for n in PRODUCTS if n in spec.weights}
-        s = spec
-        fields = {f"{n}": self.norms[n].data_ptr() for n in self.norms}
+        fields = {n: w.data_ptr() for n, w in self.norms.items()}
         for n, w in self.products.items():
             fields[n], fields[f"{n}_fmt"] = w.data.data_ptr(), w.fmt
         # the call's structure, its fixed fields set once (a call sets the rest: one caller at a time)
-        self.call = SsDraftLayer.new(layout=0 if s.layout == "eagle" else 1, hid=s.hidden, H=s.heads,
-                                     Hkv=s.kv_heads, D=s.head_dim, inter=s.intermediate, eps=s.eps,
-                                     scale=s.head_dim ** -0.5, **fields)
+        self.call = SsDraftLayer.new(layout=0 if spec.layout == "eagle" else 1, hid=spec.hidden, H=spec.heads,
+                                     Hkv=spec.kv_heads, D=spec.head_dim, inter=spec.intermediate, eps=spec.eps,
+                                     scale=spec.head_dim ** -0.5, **fields)
 
     def __call__(self, g: Tensor, emb: Tensor, pos: Tensor, cos: Tensor, sin: Tensor,
                  parts: list[DraftPart]) -> Tensor:

@@ -30,9 +30,9 @@ from specserve.models.config import ModelConfig
 from specserve.models.decoder import PARTS, ForwardOutput, Layout, OnCpu, PartTimer, logit_rows
 from specserve.models.gguf_file import release_mapped
 from specserve.models.kv_cache import KVCache
+from specserve.models.draft_layer import DraftLayerSpec
 from specserve.models.layers import KEY_BLOCK, rope_tables_by_base
 from specserve.models.native.abi import MAX_TREE_TOKENS, SsLayer, SsPass, run_pass
-from specserve.models.draft_layer import DraftLayerSpec
 from specserve.models.native.build import library
 from specserve.models.native.draft_layer import NativeDraftLayer
 from specserve.models.native.formats import F16, Q4_0, Q5_0, BlockWeight, NativeWeight
