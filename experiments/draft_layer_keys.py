@@ -23,13 +23,13 @@ def main() -> None:
     m = 4
     print("real entries | one call ms | op by op ms")
     for keys in (64, 512, 2048, 4000):
-        s = _Seq(keys + 16, c.hidden_size, c.num_kv_heads, c.head_dim, None)
+        s = _Seq(keys + 16, c.hidden_size, c.num_kv_heads, c.head_dim, None, c.num_layers)
         s.k.normal_()
         s.v.normal_()
         s.n_real = keys
         g, tokens, pos = torch.randn(m, c.hidden_size), torch.randint(0, 1000, (m,)), torch.arange(keys, keys + m)
         times: dict[bool, list[float]] = {True: [], False: []}
-        keep = d.layer
+        keep, _ = d.layer, d.ops                                 # the op-by-op products converted before timing
         with torch.inference_mode():
             for i in range(220):                                 # the two paths call by call, in turn
                 one_call = i % 2 == 0

@@ -6,7 +6,9 @@ int8 products alone at 5 rows (one real entry and 3 placeholders, plus one row o
 runtime's one call (``Decoder.draft_layer``), a second drafter in the same process, the two timed in
 alternating rounds.
 
-    .venv/bin/python experiments/eagle_parallel_draft_time.py [--drafter eagle-parallel] [--k 4] [--compare]
+``--head DIR``: another head than the drafter's shipped one (a deeper head, for instance).
+
+    .venv/bin/python experiments/eagle_parallel_draft_time.py [--drafter eagle-parallel] [--k 4] [--compare] [--head DIR]
 """
 
 import argparse
@@ -37,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="eagle-parallel")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--head", default="default")
     ap.add_argument("--compare", action="store_true",
                     help="also the layer op by op (the same drafter, rounds alternating with the one call)")
     args = ap.parse_args()
@@ -44,7 +47,7 @@ def main() -> None:
     prompts = [llm.encode(p.text) for p in load_jsonl()[:4]]
     runs = {}                                                    # path -> (drafter, engine, times, [seconds, steps])
     for path in ("one call", "op by op") if args.compare else ("one call",):
-        d = create(args.drafter, llm.target)
+        d = create(args.drafter, llm.target, head=args.head)
         if path == "op by op" or d.layer is None:
             d.layer, path = None, "op by op"
         times: dict[str, list[float]] = {}
@@ -66,8 +69,9 @@ def main() -> None:
             print(f"  {name:10s} {len(v):4d} calls, median {1000 * statistics.median(v):.3f} ms")
     d = next(iter(runs.values()))[0]
     total = 0.0
-    for name in [n for n in USED if n in d.lin]:     # an eagle3 head has no fc
-        lin = d.lin[name]
+    first = d.lin | d.ops[0]                         # the fusion and the first layer's products
+    for name in [n for n in USED if n in first]:     # an eagle3 head has no fc
+        lin = first[name]
         x = torch.randn(5, in_features(d, name))
         ts = []
         for _ in range(220):

@@ -64,6 +64,9 @@ def refuse_unless_eagle3(cfg, where: str) -> None:
     if cfg.kind != "eagle3":
         raise SpecserveError(f"the head at {where} is a {cfg.kind} head; only eagle3 heads export "
                              f"(`specserve train eagle --layout eagle3`)")
+    if cfg.num_layers != 1:
+        raise SpecserveError(f"the head at {where} has {cfg.num_layers} decoder layers; the export writes "
+                             f"EAGLE-3's one-layer draft model only")
 
 
 def fc_weight(fuse: Tensor, layers: list[int]) -> Tensor:

@@ -112,23 +112,29 @@ def _head_root() -> str:
     return root
 
 
-def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0, parallel: int = 0) -> str:
+def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, seed: int = 0, parallel: int = 0,
+              head_layers: int = 1) -> str:
     """An untrained head (random EAGLE layer of either layout, ``eagle`` or ``eagle3``; random Medusa
     blocks) for ``target`` over a reduced
     vocabulary of its first three quarters of tokens, saved in a temporary folder (removed when the process exits) whose path is returned.
-    ``parallel``: an EAGLE head drafting that many tokens per pass (placeholder token 1)."""
+    ``parallel``: an EAGLE head drafting that many tokens per pass (placeholder token 1); ``head_layers``:
+    an EAGLE head of that many decoder layers (the later ones random, not the identity they train from)."""
     import tempfile
 
     from specserve.drafters.heads import build, new_config, save_head
 
-    key = (kind, target.path, tuple(layers or ()), seed, parallel)
+    key = (kind, target.path, tuple(layers or ()), seed, parallel, head_layers)
     if key not in _HEADS:
         n = target.config.num_layers
         default = {"eagle": [1, n], "eagle3": [1, n // 2, n - 1], "medusa": [n]}[kind]     # eagle3: n >= 4
         cfg = new_config(kind, target, layers or default, num_medusa=3 if kind == "medusa" else 0)
         cfg.parallel, cfg.mask_token_id = parallel, 1 if parallel else 0
+        cfg.num_layers = head_layers
         torch.manual_seed(seed)
         module = build(cfg)
+        for layer in getattr(module, "extra", ()):
+            layer.o.reset_parameters()                              # a random layer, not the identity
+            layer.down.reset_parameters()
         if parallel:
             torch.nn.init.normal_(module.mask_hidden, std=1.0)      # a placeholder state of the features' scale
         if kind == "medusa":

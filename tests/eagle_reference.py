@@ -3,7 +3,8 @@ from specserve/drafters/eagle.py and medusa.py at commit 98f2adf, unregistered):
 the fast paths are checked against (tests/test_eagle_speed_paths.py) and timed against
 (experiments/eagle_step_time.py --impl ref).  Since then: the layer runs through the head module's own
 pieces (``inputs``, ``normed``, ``residual``, ``mlp``), so either layout (eagle, eagle3) is checked,
-and the sampled chain it draws lives here (the drafters draw trees; ``sample_width=1`` is this chain)."""
+a deeper head's layers run in turn (``stack``), each with its own keys and values, and the sampled
+chain it draws lives here (the drafters draw trees; ``sample_width=1`` is this chain)."""
 
 from __future__ import annotations
 
@@ -60,13 +61,15 @@ def sampled_chain(logits_at: Callable[[int, list[int]], Tensor], depth: int, voc
 class _RefSeq:
     """One sequence's head state: features of committed positions, and the head's real entries."""
 
-    def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None):
+    def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None,
+                 layers: int = 1):
         self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_fused
         self.n_fused = 0
         self.raw: list[Tensor] = []                         # features not fused yet ([n, F, hidden] each)
         self.n_feat = 0                                     # positions whose features arrived
-        self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
-        self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
+        self.k = [torch.empty(capacity, kv_heads, head_dim) for _ in range(layers)]  # per head layer, its keys/
+        self.v = [torch.empty(capacity, kv_heads, head_dim) for _ in range(layers)]  # values: real entries first,
+                                                                                      # then the tree's (scratch)
         self.n_real = 0
         self.last: Tensor | None = None                     # output of the newest real entry [hidden]
         self.gen = gen
@@ -77,11 +80,11 @@ class _RefSeq:
         if n <= cap:
             return
         new = max(n, 2 * cap)
-        for name in ("g", "k", "v"):
-            old = getattr(self, name)
+        def grow(old: Tensor) -> Tensor:
             grown = torch.empty((new,) + tuple(old.shape[1:]))
             grown[:cap] = old
-            setattr(self, name, grown)
+            return grown
+        self.g, self.k, self.v = grow(self.g), [grow(k) for k in self.k], [grow(v) for v in self.v]
 
 
 class RefEagle(Drafter):
@@ -100,8 +103,9 @@ class RefEagle(Drafter):
         self.feature_layers = tuple(self.cfg.feature_layers)
         m = target.model
         self.head = module
-        self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
-                    for name in module.LINEARS}
+        self.lins = [{name: m.matmul(getattr(layer, name).weight) for name in layer.LINEARS}  # on the target's
+                     for layer in module.stack()]                                               # kernels, per layer
+        self.lin = self.lins[0]
         self.lm = m.matmul(m.weight_rows("lm_head", self.vocab_ids).cpu())   # the reduced LM head [Vr, hidden]
         self.vocab_list = self.vocab_ids.tolist()
         self.vocab_size = target.config.vocab_size
@@ -119,7 +123,7 @@ class RefEagle(Drafter):
               generator: torch.Generator | None = None) -> None:
         c = self.cfg
         self.seqs[seq_id] = _RefSeq(len(prompt) + 256, c.hidden_size, c.num_kv_heads, c.head_dim,
-                                 draw_generator(sampling, generator))
+                                 draw_generator(sampling, generator), c.num_layers)
 
     def end(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
@@ -141,21 +145,22 @@ class RefEagle(Drafter):
         h, c = self.head, self.cfg
         emb = self.target.model.weight_rows("embed", torch.tensor(tokens)).cpu()
         x = h.inputs(g, emb, self.lin)                        # either layout, by the module's own pieces
-        hn = h.normed(x)
-        q = self.lin["q"](hn).view(-1, c.num_heads, c.head_dim)
-        k, v = self.lin["kv"](hn).view(-1, 2, c.num_kv_heads, c.head_dim).unbind(1)
-        q, k = rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta)
         m = len(tokens)
-        s.k[at:at + m], s.v[at:at + m] = k, v
-        keys, vals = s.k[:at + m], s.v[:at + m]
-        # grouped-query attention without copying keys: q [m, Hkv, rep, d] against k [K, Hkv, d]
-        q = q.view(m, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
-        scores = torch.einsum("qgrd,kgd->grqk", q, keys) * (1.0 / math.sqrt(c.head_dim))
-        if mask is None:
-            mask = torch.ones(m, at + m, dtype=torch.bool).tril(at)
-        att = torch.einsum("grqk,kgd->qgrd", scores.masked_fill(~mask, float("-inf")).softmax(-1),
-                           vals).reshape(m, -1)
-        return h.mlp(h.residual(x) + self.lin["o"](att), self.lin)
+        for layer, lin, sk, sv in zip(h.stack(), self.lins, s.k, s.v):
+            hn = layer.normed(x)
+            q = lin["q"](hn).view(-1, c.num_heads, c.head_dim)
+            k, v = lin["kv"](hn).view(-1, 2, c.num_kv_heads, c.head_dim).unbind(1)
+            q, k = rotary(q, pos, c.rope_theta), rotary(k, pos, c.rope_theta)
+            sk[at:at + m], sv[at:at + m] = k, v
+            keys, vals = sk[:at + m], sv[:at + m]
+            # grouped-query attention without copying keys: q [m, Hkv, rep, d] against k [K, Hkv, d]
+            q = q.view(m, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
+            scores = torch.einsum("qgrd,kgd->grqk", q, keys) * (1.0 / math.sqrt(c.head_dim))
+            allowed = mask if mask is not None else torch.ones(m, at + m, dtype=torch.bool).tril(at)
+            att = torch.einsum("grqk,kgd->qgrd", scores.masked_fill(~allowed, float("-inf")).softmax(-1),
+                               vals).reshape(m, -1)
+            x = layer.mlp(layer.residual(x) + lin["o"](att), lin)
+        return x
 
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""

@@ -54,11 +54,12 @@ def drafted(target, head, prompt, pending, k, **options):
     return d, d.propose([DraftRequest(0, prompt + [pending], k, SamplingParams())])[0]
 
 
-@pytest.mark.parametrize("layout", ["eagle", "eagle3"])
-def test_parallel_tree_matches_the_training_unroll(layout, target):
+@pytest.mark.parametrize("layout,depth", [("eagle", 1), ("eagle3", 1), ("eagle", 2), ("eagle3", 2)])
+def test_parallel_tree_matches_the_training_unroll(layout, depth, target):
     """Every node's confidence is the product of the reference's probabilities of its tokens at their
-    depths (one pass: a depth's distribution does not depend on the path above it), for either layout."""
-    head = tiny_head(layout, target, parallel=K)
+    depths (one pass: a depth's distribution does not depend on the path above it), for either layout
+    and for heads of two decoder layers (whose placeholders see the first layer's outputs)."""
+    head = tiny_head(layout, target, parallel=K, head_layers=depth)
     _, prop = drafted(target, head, PROMPT, 7, 12, topk=3)
     assert len(prop) == 12 and not prop.is_chain and max(prop.depths()) >= 3
     ref = reference_depth_probs(target, head, PROMPT + [7], len(PROMPT))
@@ -146,3 +147,31 @@ def test_training_starts_from_a_head(counting, data_dir, tmp_path):  # noqa: F81
     other = tiny_head("eagle", counting, layers=[2, 3])
     with pytest.raises(SpecserveError, match="this run trains eagle on layers"):
         _trainer(counting, data_dir, tmp_path / "r", parallel=3, steps=3, init=other)
+
+
+def test_a_deeper_head_starts_as_the_shallower_one_and_trains(counting, data_dir, tmp_path):  # noqa: F811
+    """``head_layers``: a head of two layers started from a parallel head of one keeps all its weights
+    (its placeholder too) and begins as exactly that head (the new layer's residual branches at
+    zero); training then moves the new layer.  A start deeper than the run is refused."""
+    one = _trainer(counting, data_dir, tmp_path / "one", parallel=3, steps=3, epochs=1)
+    one.run()
+    one.export(str(tmp_path / "one-head"), {"wall_seconds": 0})
+    _, module, _ = load_head(str(tmp_path / "one-head"))
+    two = _trainer(counting, data_dir, tmp_path / "two", parallel=3, steps=3, epochs=1, head_layers=2,
+                   init=str(tmp_path / "one-head"))
+    assert two.module.cfg.num_layers == 2 and len(two.module.extra) == 1
+    for k, v in module.state_dict().items():
+        assert torch.equal(two.module.state_dict()[k], v), k
+    b = two.data.collate(two.data.val, list(range(min(4, len(two.data.val)))))
+    one.module = module                                  # the saved (float16-rounded) weights two started from
+    with torch.no_grad():
+        for x, y in zip(two.outputs(b, 3), one.outputs(b, 3)):
+            assert torch.equal(x, y)
+    before = {k: v.clone() for k, v in two.module.extra.state_dict().items()}
+    two.run()
+    moved = [k for k, v in two.module.extra.state_dict().items() if not torch.equal(v, before[k])]
+    assert {"0.o.weight", "0.down.weight", "0.q.weight"} <= set(moved)
+    two.export(str(tmp_path / "two-head"), {"wall_seconds": 0})
+    assert load_head(str(tmp_path / "two-head"))[0].num_layers == 2
+    with pytest.raises(SpecserveError, match="a head of 2 layers; this run trains 1"):
+        _trainer(counting, data_dir, tmp_path / "three", parallel=3, steps=3, init=str(tmp_path / "two-head"))

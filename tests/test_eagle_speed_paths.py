@@ -148,6 +148,25 @@ def test_eagle3_layout_trees_are_the_reference_trees():
     assert both_paths(t, "eagle", opts, prompts=PROMPTS, steps=6, budgets=[0, 1, 2, 4, 8, 24]) > 100
 
 
+def _deeper(t) -> int:
+    opts = {"head": tiny_head("eagle3" if t.config.num_layers == 4 else "eagle", t, head_layers=3), "topk": 4,
+            "depth": 4}
+    d = create("eagle", t, **opts)
+    assert d.cfg.num_layers == 3 and (d.layer is None or len(d.layer) == 3)
+    return both_paths(t, "eagle", opts, prompts=PROMPTS, steps=5, budgets=[0, 2, 8, 16])
+
+
+def test_deeper_heads_trees_are_the_reference_trees(wide):
+    """A head of three decoder layers (the layout's, then two plain ones, each with its own keys)."""
+    assert _deeper(wide) > 60
+
+
+def test_deeper_eagle3_layout_trees_are_the_reference_trees():
+    t = tiny_model(seed=50, vocab=96, layers=4, kernels="native", hidden_size=128, num_heads=2, num_kv_heads=1,
+                   head_dim=64, intermediate_size=128)
+    assert _deeper(t) > 60
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_narrow_heads_agree_to_float_tolerance(narrow, kind):
     """head_dim 8: RoPE's cos and sin of a few positions run partly on scalar code in the reference."""

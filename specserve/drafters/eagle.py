@@ -42,9 +42,11 @@ a table, and greedy and sampled trees share the same calls.
 Where the target's runtime runs the head's layer in one call (``Decoder.draft_layer``: the native
 kernels), each head call is that one foreign call, attention under the tree's masks included, and the
 final norm before the reduced LM head another; elsewhere the layer runs op by op in torch around the
-runtime's products (``lin``).  The two differ only in the order their norms, RoPE and attention
-round (tests/test_draft_layer.py); at a few rows the op-by-op layer's twenty-odd small torch
-operations cost more than its products (BENCHMARKS.md).
+runtime's products (``ops``, converted only where that path runs).  The two differ only in the order
+their norms, RoPE and attention round (tests/test_draft_layer.py); at a few rows the op-by-op layer's
+twenty-odd small torch operations cost more than its products (BENCHMARKS.md).  A head of several
+decoder layers (``HeadConfig.num_layers``) runs them in turn in every head call, each layer with its
+own keys and values per sequence at the same slots (one foreign call per layer).
 """
 
 from __future__ import annotations
@@ -70,13 +72,14 @@ from specserve.sampling import SamplingParams
 class _Seq:
     """One sequence's head state: features of committed positions, and the head's real entries."""
 
-    def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None):
+    def __init__(self, capacity: int, hidden: int, kv_heads: int, head_dim: int, gen: torch.Generator | None,
+                 layers: int = 1):
         self.g = torch.empty(capacity, hidden)              # fused target features g_t, t < n_fused
         self.n_fused = 0
         self.raw: list[tuple[Tensor, ...]] = []             # features not fused yet (per layer [n, hidden])
         self.n_feat = 0                                     # positions whose features arrived
-        self.k = torch.empty(capacity, kv_heads, head_dim)  # the head's keys/values: real entries first,
-        self.v = torch.empty(capacity, kv_heads, head_dim)  # then (scratch) the current tree's entries
+        self.k = torch.empty(layers, capacity, kv_heads, head_dim)  # each head layer's keys/values: real
+        self.v = torch.empty(layers, capacity, kv_heads, head_dim)  # entries first, then (scratch) the tree's
         self.n_real = 0                                     # slots holding real entries
         self.caught = 0                                     # positions t < caught need no real entry
         self.last: Tensor | None = None                     # output of the newest real entry [hidden]
@@ -88,10 +91,12 @@ class _Seq:
         if n <= cap:
             return
         new = max(n, 2 * cap)
-        for name in ("g", "k", "v"):
+        for name, dim in (("g", 0), ("k", 1), ("v", 1)):
             old = getattr(self, name)
-            grown = torch.empty((new,) + tuple(old.shape[1:]))
-            grown[:cap] = old
+            shape = list(old.shape)
+            shape[dim] = new
+            grown = torch.empty(shape)
+            grown.narrow(dim, 0, cap).copy_(old)
             setattr(self, name, grown)
 
 
@@ -127,13 +132,18 @@ class EagleDrafter(HeadDrafter):
         self.max_tree_depth = self.opts.depth
         m = target.model
         self.head = module
-        self.lin = {name: m.matmul(getattr(module, name).weight)                 # on the target's kernels
-                    for name in module.LINEARS}
-        self.lin["qkv"] = m.matmul(torch.cat([module.q.weight, module.kv.weight]))  # q, k, v in one product
+        self.lin = {"fuse": m.matmul(module.fuse.weight)}                  # the fusion, on the target's kernels
+        self._ops: list[dict] | None = None                                  # see ``ops``
         c = self.cfg
         with torch.no_grad():
-            self.layer = m.draft_layer(DraftLayerSpec(c.kind, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                                                      c.intermediate_size, c.rms_norm_eps, module.draft_weights()))
+            layers = []
+            for i, layer in enumerate(module.stack()):                       # the layout's layer, then plain ones
+                layers.append(m.draft_layer(DraftLayerSpec(
+                    c.kind if i == 0 else "decoder", c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                    c.intermediate_size, c.rms_norm_eps, layer.draft_weights())))
+                if layers[-1] is None:
+                    break
+        self.layer = layers if layers[-1] is not None else None             # None: op by op (``ops``)
         self.norm_w = module.norm.weight.detach().float().contiguous()      # the final norm's weight [hidden]
         self.rope = RopeTable(self.cfg.head_dim, self.cfg.rope_theta)
         self.vocab_np = self.vocab_ids.numpy()
@@ -148,7 +158,7 @@ class EagleDrafter(HeadDrafter):
               generator: torch.Generator | None = None) -> None:
         c = self.cfg
         self.seqs[seq_id] = _Seq(len(prompt) + 256, c.hidden_size, c.num_kv_heads, c.head_dim,
-                                 draw_generator(sampling, generator))
+                                 draw_generator(sampling, generator), c.num_layers)
 
     def end(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
@@ -166,41 +176,60 @@ class EagleDrafter(HeadDrafter):
             s.n_fused += s.raw.pop(0)[0].shape[0]             # never read: outside the window
 
     # -- the head ----------------------------------------------------------------------------------------
+    @property
+    def ops(self) -> list[dict]:
+        """Per decoder layer of the head, its products by name on the target's kernels (``LINEARS`` but
+        the fusion, which is ``lin``'s; q, k and v as one ``qkv``), for running the layers op by op: the
+        torch runtimes' path, and the one tests and experiments compare the one-call layer with (by
+        setting ``layer`` to None).  Converted on first use: a drafter running the one-call layer never
+        needs them."""
+        if self._ops is None:
+            m = self.target.model
+            self._ops = [{name: m.matmul(getattr(layer, name).weight) for name in layer.LINEARS if name not in
+                          ("fuse", "q", "kv")} | {"qkv": m.matmul(torch.cat([layer.q.weight, layer.kv.weight]))}
+                         for layer in self.head.stack()]
+        return self._ops
+
     def _entries(self, parts: list[_Part], g: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:
         """Run head entries, of one sequence or several at once: g [M, hidden] state inputs, tokens [M]
         (embedding ids), pos [M] rotary positions; the rows are the parts' in order, a part (s, at, m,
-        mask) being m rows of sequence s whose keys/values are written at its slots at..at+m-1 (see
-        ``_attend`` for the keys they see).  Returns the outputs [M, hidden]."""
+        mask) being m rows of sequence s whose keys/values are written at its slots at..at+m-1 in every
+        layer of the head (see ``_attend`` for the keys they see).  Returns the last layer's outputs
+        [M, hidden]."""
         emb = self.target.model.weight_rows("embed", tokens).cpu()
-        if self.layer is not None:                            # the runtime's one call for the whole layer
-            return self.layer(g, emb, pos, self.rope.cos, self.rope.sin,
-                              [DraftPart(s.k, s.v, at, m, s.n_real, mask) for s, at, m, mask in parts])
-        h = self.head                                         # either layout (``modules``), op by op
-        x = h.inputs(g, emb, self.lin)
-        q, k, v = self._qkv(h.normed(x), pos)
-        att, lo = [], 0
-        for s, at, m, mask in parts:
-            att.append(self._attend(s, at, mask, q[lo:lo + m], k[lo:lo + m], v[lo:lo + m]))
-            lo += m
-        return h.mlp(h.residual(x) + self.lin["o"](torch.cat(att) if len(att) > 1 else att[0]), self.lin)
+        if self.layer is not None:                            # the runtime's one call per layer
+            x = g
+            for l, layer in enumerate(self.layer):
+                x = layer(x, emb if l == 0 else None, pos, self.rope.cos, self.rope.sin,
+                          [DraftPart(s.k[l], s.v[l], at, m, s.n_real, mask) for s, at, m, mask in parts])
+            return x
+        x = self.head.inputs(g, emb, self.ops[0])             # either layout (``modules``), op by op
+        for l, (layer, lin) in enumerate(zip(self.head.stack(), self.ops)):
+            q, k, v = self._qkv(layer.normed(x), pos, lin)
+            att, lo = [], 0
+            for s, at, m, mask in parts:
+                att.append(self._attend(s, l, at, mask, q[lo:lo + m], k[lo:lo + m], v[lo:lo + m]))
+                lo += m
+            x = layer.mlp(layer.residual(x) + lin["o"](torch.cat(att) if len(att) > 1 else att[0]), lin)
+        return x
 
-    def _qkv(self, hn: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """hn [M, hidden] (normed) -> q [M, H, d] (contiguous), k, v [M, Hkv, d]: one product, RoPE
-        on q and k at once (the same values as ``rotary``, its cos and sin read from the table)."""
+    def _qkv(self, hn: Tensor, pos: Tensor, lin: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """hn [M, in] (normed) -> q [M, H, d] (contiguous), k, v [M, Hkv, d]: one product (``lin``'s
+        qkv), RoPE on q and k at once (the same values as ``rotary``, its cos and sin read from the table)."""
         c = self.cfg
         hq, hk = c.num_heads, c.num_kv_heads
-        qkv = self.lin["qkv"](hn).view(len(hn), hq + 2 * hk, c.head_dim)
+        qkv = lin["qkv"](hn).view(len(hn), hq + 2 * hk, c.head_dim)
         qk = self.rope.rotate(qkv[:, :hq + hk], pos)
         return qk[:, :hq].contiguous(), qk[:, hq:], qkv[:, hq + hk:]
 
-    def _attend(self, s: _Seq, at: int, mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """One sequence's m rows: q [m, H, d], k, v [m, Hkv, d] written at slots at..at+m-1.  Keys
-        visible: its real entries, and then slots n_real..at+m-1 under ``mask`` [m, at + m - n_real]
-        (None: causal over all the slots).  Returns the attention output [m, H * d]."""
+    def _attend(self, s: _Seq, l: int, at: int, mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One sequence's m rows in head layer l: q [m, H, d], k, v [m, Hkv, d] written at slots
+        at..at+m-1.  Keys visible: its real entries, and then slots n_real..at+m-1 under ``mask``
+        [m, at + m - n_real] (None: causal over all the slots).  Returns the attention output [m, H * d]."""
         c = self.cfg
         m = len(q)
-        s.k[at:at + m], s.v[at:at + m] = k, v
-        keys, vals = s.k[:at + m], s.v[:at + m]
+        s.k[l, at:at + m], s.v[l, at:at + m] = k, v
+        keys, vals = s.k[l, :at + m], s.v[l, :at + m]
         # grouped-query attention without copying keys: q [m, Hkv, rep, d] against k [K, Hkv, d]
         q = q.view(m, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
         scores = torch.einsum("qgrd,kgd->grqk", q, keys) * (1.0 / math.sqrt(c.head_dim))
@@ -213,7 +242,7 @@ class EagleDrafter(HeadDrafter):
     def _logits(self, o: Tensor) -> Tensor:
         """Outputs [M, hidden] -> reduced-vocabulary logits [M, Vr]."""
         if self.layer is not None:
-            return self.lm(self.layer.norm(o.contiguous(), self.norm_w))
+            return self.lm(self.layer[-1].norm(o.contiguous(), self.norm_w))
         return self.lm(self.head.norm(o))
 
     def _catch_up(self, batch: list[tuple[_Seq, list[int]]], extra: list[int] | None = None) -> list[Tensor]:

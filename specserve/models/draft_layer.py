@@ -4,10 +4,12 @@ The layer is one decoder layer over the target's features (``specserve.drafters.
 defines it and trains it; this module only names what a runtime needs to run it).  For M entries it
 reads g [M, hidden] (state inputs: fused target features, or a parent's output), the embeddings e
 [M, hidden] of their tokens and their rotary positions, and writes each entry's key and value into
-its sequence's buffers before attending there.  Two layouts, with these weights (``WEIGHTS``):
+its sequence's buffers before attending there.  Three layouts, with these weights (``WEIGHTS``):
 
 * ``eagle``: x = fc([norm_e(e) ; norm_g(g)]), a = attn_norm(x), the residual stream starts at x;
 * ``eagle3``: a = [norm_e(e) ; norm_g(g)] (2 * hidden wide), the residual stream starts at g;
+* ``decoder`` (a deeper head's layers after the first): x = g, the previous layer's output (e is
+  not read), a = attn_norm(x), the residual stream starts at x;
 
 then, in both: q, k, v = qkv(a) (rotate-half RoPE on q and k), attention of each entry over its
 sequence's keys (``DraftPart``), r = residual + o(att), out = r + down(SiLU(gate) * up) with
@@ -24,12 +26,13 @@ from torch import Tensor
 
 # The weights each layout reads, by name (module docstring).
 WEIGHTS = {"eagle": ("norm_e", "norm_g", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down"),
-           "eagle3": ("norm_e", "norm_g", "qkv", "o", "mlp_norm", "gate_up", "down")}
+           "eagle3": ("norm_e", "norm_g", "qkv", "o", "mlp_norm", "gate_up", "down"),
+           "decoder": ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")}
 
 
 @dataclass(frozen=True)
 class DraftLayerSpec:
-    layout: str                      # eagle | eagle3
+    layout: str                      # eagle | eagle3 | decoder
     hidden: int
     heads: int
     kv_heads: int

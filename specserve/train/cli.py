@@ -77,6 +77,9 @@ def add_parser(sub) -> None:
                            "(P-EAGLE): one pass drafts K tokens, positions after the first filled with a learned "
                            "placeholder; the unroll depth is K (0: a head drafting one token per pass)")
             h.add_argument("--intermediate-size", type=int, default=0, help="MLP width (0: the target's)")
+            h.add_argument("--head-layers", type=int, default=1, metavar="N", help="the head's decoder layers (the "
+                           "layout's first, then plain ones starting as the identity, so --init may name a "
+                           "shallower head)")
             h.add_argument("--init", default="", metavar="HEAD", help="start from this head's weights and reduced "
                            "vocabulary ('default': the shipped eagle head); it must have the same layout and layers")
         else:
@@ -192,7 +195,10 @@ def train_head(args: argparse.Namespace) -> int:
     parallel = getattr(args, "parallel", 0)
     if parallel < 0 or parallel == 1:
         raise SpecserveError(f"--parallel takes K >= 2 (tokens one pass drafts) or 0, got {parallel}")
-    cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab, parallel=parallel,
+    depth = getattr(args, "head_layers", 1)
+    if depth < 1:
+        raise SpecserveError(f"--head-layers takes N >= 1, got {depth}")
+    cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab, parallel=parallel, head_layers=depth,
                       steps=parallel or getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
                       init=init_head(getattr(args, "init", "")),

@@ -35,7 +35,8 @@ def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int,
                  placeholder: tuple[Tensor, Tensor] | None = None) -> list[Tensor]:
     """Training-time test: g0 [B, T, hidden] fused real features, emb_next [B, T, hidden] embeddings
     of x_{u+1} -> ``steps`` outputs [B, T, hidden]; output j at u predicts x_{u+2} (valid for u >= j).
-    ``head``: an EagleHead or an Eagle3Head (the same ``inputs``, ``qkv``, ``finish``).
+    ``head``: an EagleHead or an Eagle3Head (the same ``inputs``, ``qkv``, ``finish``); a deeper
+    head's layers run in turn at every step, each over its own keys (``stack``).
 
     Step j (0-based) at position u takes the embedding of x_{u+1} and, for j = 0, the fused real
     feature g_u, for j > 0 the step j-1 output at u - 1; it attends to the step-0 keys of positions
@@ -46,30 +47,42 @@ def eagle_unroll(head, g0: Tensor, emb_next: Tensor, steps: int,
     these inputs instead, at every position; the attention is the same, which is what one pass over
     the real entry at u - j and the j placeholders after it attends to (``modules``)."""
     B, T, _ = g0.shape
-    c = head.cfg
     pos = torch.arange(T).expand(B, T)
-    rep = c.num_heads // c.num_kv_heads
-    scale = 1.0 / math.sqrt(c.head_dim)
-    ks, vs, outs = [], [], []
+    layers = head.stack()
+    ks, vs = [[] for _ in layers], [[] for _ in layers]          # per layer, per step [B, T, H, d]
+    outs = []
     g_in, emb_in = g0, emb_next
     for j in range(steps):
         if j and placeholder is not None:
             g_in, emb_in = (t.expand(B, T, -1) for t in placeholder)
         x = head.inputs(g_in, emb_in)
-        q, k, v = head.qkv(x, pos)                                               # [B, T, H(kv), d]
-        ks.append(k.repeat_interleave(rep, 2))
-        vs.append(v.repeat_interleave(rep, 2))
-        s0 = torch.einsum("bqhd,bkhd->bhqk", q, ks[0]) * scale                   # [B, H, T, T]
-        allowed = torch.ones(T, T, dtype=torch.bool).tril(-j)                    # step-0 keys at <= u - j
-        s0 = s0.masked_fill(~allowed, float("-inf"))
-        diag = [torch.einsum("bqhd,bqhd->bhq", q, shift(ks[i], j - i)) * scale for i in range(1, j + 1)]
-        p = torch.cat([s0] + [d[..., None] for d in diag], -1).softmax(-1)      # [B, H, T, T + j]
-        att = torch.einsum("bhqk,bkhd->bqhd", p[..., :T], vs[0])
-        for i in range(1, j + 1):
-            att = att + p[..., T + i - 1].transpose(1, 2)[..., None] * shift(vs[i], j - i)
-        o = head.finish(x, att.flatten(-2))
-        outs.append(o)
-        g_in = shift(o, 1)
+        for layer, lk, lv in zip(layers, ks, vs):
+            x = _unrolled_layer(layer, x, pos, j, lk, lv)
+        outs.append(x)
+        g_in = shift(x, 1)
+    return outs
+
+
+def _unrolled_layer(layer, x: Tensor, pos: Tensor, j: int, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+    """One decoder layer at unroll step j (``eagle_unroll``): x [B, T, in] its input, pos [B, T];
+    ``ks``, ``vs`` this layer's keys and values of steps 0..j-1 ([B, T, H, d], kv heads repeated),
+    to which step j's are appended.  Returns the layer's output [B, T, hidden]."""
+    c = layer.cfg
+    T = x.shape[1]
+    rep = c.num_heads // c.num_kv_heads
+    scale = 1.0 / math.sqrt(c.head_dim)
+    q, k, v = layer.qkv(x, pos)                                              # [B, T, H(kv), d]
+    ks.append(k.repeat_interleave(rep, 2))
+    vs.append(v.repeat_interleave(rep, 2))
+    s0 = torch.einsum("bqhd,bkhd->bhqk", q, ks[0]) * scale                   # [B, H, T, T]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril(-j)                    # step-0 keys at <= u - j
+    s0 = s0.masked_fill(~allowed, float("-inf"))
+    diag = [torch.einsum("bqhd,bqhd->bhq", q, shift(ks[i], j - i)) * scale for i in range(1, j + 1)]
+    p = torch.cat([s0] + [d[..., None] for d in diag], -1).softmax(-1)      # [B, H, T, T + j]
+    att = torch.einsum("bhqk,bkhd->bqhd", p[..., :T], vs[0])
+    for i in range(1, j + 1):
+        att = att + p[..., T + i - 1].transpose(1, 2)[..., None] * shift(vs[i], j - i)
+    return layer.finish(x, att.flatten(-2))
     return outs
 
 
@@ -101,7 +114,7 @@ class EagleObjective(Objective):
 
     def head_config(self, cfg, target) -> HeadConfig:
         head = new_config(self.kind, target, list(cfg.layers), 0, cfg.intermediate_size)
-        head.parallel, head.mask_token_id = cfg.parallel, cfg.mask_token_id
+        head.parallel, head.mask_token_id, head.num_layers = cfg.parallel, cfg.mask_token_id, cfg.head_layers
         return head
 
     def outputs(self, module, b, steps: int, embed: Tensor) -> list[Tensor]:

@@ -39,6 +39,7 @@ class TrainConfig:
     steps: int = 3                           # eagle: training-time-test unroll depth
     parallel: int = 0                        # eagle: positions one pass drafts (P-EAGLE; 0: one per pass)
     mask_token_id: int = 0                   # parallel: the placeholder token
+    head_layers: int = 1                     # eagle, eagle3: the head's decoder layers
     init: str = ""                           # start from this head's weights and reduced vocabulary ("": random)
     num_medusa: int = 4
     intermediate_size: int = 0               # eagle, eagle3 MLP width (0: the target's)
@@ -136,7 +137,8 @@ class Trainer:
         self.head_cfg = self.objective.head_config(cfg, target)
         self.module = build(self.head_cfg)
         if start is not None:
-            self.module.load_state_dict(start[0], strict=False)   # a parallel head's placeholder stays new
+            self.module.load_state_dict(start[0], strict=False)   # what the start lacks stays new (a
+                                                                  # placeholder, deeper layers at identity)
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.epoch, self.pos_in_epoch = 0, 0, 0
         self.history: dict = {"step": [], "loss": [], "epoch_val": [], "step_val": [], "positions": 0}
@@ -154,7 +156,11 @@ class Trainer:
             raise SpecserveError(f"--init {path}: its reduced vocabulary ({len(vocab_ids)}) or MLP width "
                                  f"({head.intermediate_size}) differs from this run's; give the same --vocab and "
                                  f"--intermediate-size")
-        state = {k: v for k, v in module.state_dict().items() if k != "mask_hidden"}
+        if head.num_layers > self.cfg.head_layers:
+            raise SpecserveError(f"--init {path}: a head of {head.num_layers} layers; this run trains "
+                                 f"{self.cfg.head_layers} (give --head-layers {head.num_layers} or more)")
+        keep_hold = bool(head.parallel and self.cfg.parallel)      # a parallel head's placeholder carries over
+        state = {k: v for k, v in module.state_dict().items() if k != "mask_hidden" or keep_hold}
         return state, vocab_ids
 
     # -- targets and losses ------------------------------------------------------------------------

@@ -27,6 +27,13 @@ newest token; the target's distribution at t is over x_{t+1}).  Layers are named
   ``mask_hidden``); placeholder entry i (1..K-1) attends causally to the real entries and to the
   placeholders before it, and its output predicts x_{n+1+i}.
 
+  A head of ``num_layers`` > 1 runs ``num_layers - 1`` plain pre-norm decoder layers (``DecoderLayer``,
+  each with its own keys and values) after the first, the last one's output being o_t; their
+  residual branches start at zero (``o`` and ``down``), so a deeper head warm-started from a
+  shallower one begins as exactly that head (P-EAGLE's drafters are several layers deep: a
+  placeholder entry of a second layer sees what the first made of the entries before it, where
+  in one layer every placeholder reads the same inputs).
+
   Both expose the drafter's and the trainer's pieces: ``fused``, ``inputs`` (the layer input x),
   ``qkv`` (attention is computed outside, over whatever keys a tree allows), ``finish`` and ``norm``;
   each takes optional ``lin``, its linear maps by name (``LINEARS``) on other kernels.  What the two
@@ -62,6 +69,7 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     num_medusa: int = 0                 # medusa: heads (offsets +2 .. +1+M from the pending token)
     parallel: int = 0                   # eagle, eagle3: positions one pass drafts (P-EAGLE; 0: one per pass)
+    num_layers: int = 1                 # eagle, eagle3: decoder layers (the first of the layout, then plain ones)
     mask_token_id: int = 0              # parallel: the placeholder token whose (target) embedding fills a slot
     vocab_size: int = 0                 # the target's vocabulary
     target: dict = field(default_factory=dict)     # what the head was trained for (see ``target_signature``)
@@ -96,25 +104,12 @@ Linears = Mapping[str, Callable[[Tensor], Tensor]] | None    # a head's linear m
 
 
 class _OneLayer(nn.Module):
-    """What both EAGLE layouts share: the fusion, attention's projections, the SiLU-gated MLP."""
+    """What every EAGLE head layer shares: attention's projections, the SiLU-gated MLP."""
 
     LINEARS: tuple[str, ...] = ()
 
     def _lin(self, lin: Linears, name: str) -> Callable[[Tensor], Tensor]:
         return lin[name] if lin is not None else getattr(self, name)
-
-    def _placeholder(self, cfg: HeadConfig) -> None:
-        """A parallel head's learned placeholder state, in the features' space (module docstring)."""
-        if cfg.parallel:
-            self.mask_hidden = nn.Parameter(torch.randn(len(cfg.feature_layers) * cfg.hidden_size) * 0.02)
-
-    def placeholder_state(self, lin: Linears = None) -> Tensor:
-        """The placeholder entries' state g = fuse(mask_hidden) [hidden]."""
-        return self._lin(lin, "fuse")(self.mask_hidden[None])[0]
-
-    def fused(self, feats: Tensor, lin: Linears = None) -> Tensor:
-        """feats [..., F, hidden] (the configured layers, in order) -> g [..., hidden]."""
-        return self._lin(lin, "fuse")(feats.flatten(-2))
 
     def _project(self, hn: Tensor, pos: Tensor, lin: Linears) -> tuple[Tensor, Tensor, Tensor]:
         """hn [..., T, in], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
@@ -145,7 +140,71 @@ class _OneLayer(nn.Module):
         return r + self._lin(lin, "down")(F.silu(a) * b)
 
 
-class EagleHead(_OneLayer):
+class _EagleHeadBase(_OneLayer):
+    """What both EAGLE layouts add to their first layer: the fusion, a parallel head's placeholder,
+    the deeper layers after it."""
+
+    def _placeholder(self, cfg: HeadConfig) -> None:
+        """A parallel head's learned placeholder state, in the features' space (module docstring)."""
+        if cfg.parallel:
+            self.mask_hidden = nn.Parameter(torch.randn(len(cfg.feature_layers) * cfg.hidden_size) * 0.02)
+
+    def _deeper(self, cfg: HeadConfig) -> None:
+        """The plain decoder layers after the first (module docstring)."""
+        if cfg.num_layers < 1:
+            raise ValueError(f"an EAGLE head has at least one layer, not {cfg.num_layers}")
+        self.extra = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers - 1))
+
+    def stack(self) -> list["_OneLayer"]:
+        """The head's decoder layers in order: itself (the layout's first layer), then ``extra``."""
+        return [self, *self.extra]
+
+    def placeholder_state(self, lin: Linears = None) -> Tensor:
+        """The placeholder entries' state g = fuse(mask_hidden) [hidden]."""
+        return self._lin(lin, "fuse")(self.mask_hidden[None])[0]
+
+    def fused(self, feats: Tensor, lin: Linears = None) -> Tensor:
+        """feats [..., F, hidden] (the configured layers, in order) -> g [..., hidden]."""
+        return self._lin(lin, "fuse")(feats.flatten(-2))
+
+
+class DecoderLayer(_OneLayer):
+    """A plain pre-norm decoder layer of the target's shape: a deeper EAGLE head's layers after the
+    first (module docstring); its input x is the previous layer's output."""
+
+    LINEARS = ("q", "kv", "o", "gate_up", "down")
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.cfg = cfg
+        self.attn_norm, self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
+        self.q = nn.Linear(h, cfg.num_heads * cfg.head_dim, bias=False)
+        self.kv = nn.Linear(h, 2 * cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+        nn.init.zeros_(self.o.weight)          # the residual branches start at zero: the layer starts
+        nn.init.zeros_(self.down.weight)       # as the identity
+
+    def draft_weights(self) -> dict[str, Tensor]:
+        """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
+        return {"attn_norm": self.attn_norm.weight, "qkv": torch.cat([self.q.weight, self.kv.weight]),
+                "o": self.o.weight, "mlp_norm": self.ffn_norm.weight, "gate_up": self.gate_up.weight,
+                "down": self.down.weight}
+
+    def normed(self, x: Tensor) -> Tensor:
+        return self.attn_norm(x)
+
+    def residual(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def mlp_norm(self) -> nn.Module:
+        return self.ffn_norm
+
+
+class EagleHead(_EagleHeadBase):
     """fuse -> [embedding ; fused feature] -> one pre-norm decoder layer -> norm (-> reduced LM head)."""
 
     LINEARS = ("fuse", "fc", "q", "kv", "o", "gate_up", "down")
@@ -165,6 +224,7 @@ class EagleHead(_OneLayer):
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self._placeholder(cfg)
+        self._deeper(cfg)
 
     def draft_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
@@ -188,7 +248,7 @@ class EagleHead(_OneLayer):
         return self.ffn_norm
 
 
-class Eagle3Head(_OneLayer):
+class Eagle3Head(_EagleHeadBase):
     """EAGLE-3's layout (vLLM's and SGLang's ``LlamaForCausalLMEagle3``): fuse -> g; attention over
     [input_norm(embedding) ; hidden_norm(g)] with g as the residual; post_norm, MLP; norm.
 
@@ -212,6 +272,7 @@ class Eagle3Head(_OneLayer):
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self._placeholder(cfg)
+        self._deeper(cfg)
 
     def draft_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""

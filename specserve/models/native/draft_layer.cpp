@@ -1,5 +1,5 @@
-// A learned drafter's EAGLE layer (one decoder layer over the target's features, in either of the two
-// layouts draft_layer.py describes) for M entries in a single call: the input, RMSNorms, fused QKV,
+// A learned drafter's EAGLE layer (one decoder layer over the target's features, in one of the
+// layouts draft_layer.py describes: eagle, eagle3, or a deeper head's plain decoder layer) for M entries in a single call: the input, RMSNorms, fused QKV,
 // RoPE, the key/value writes, attention over each sequence's own entries under its mask, o, the
 // SiLU-gated MLP.  The products are ss_linear's (the target's kernels); the rest
 // runs here in fixed order per row.  Called from Python once per head call, instead of the twenty-odd
@@ -41,14 +41,15 @@ struct SsDraftLayer {
   int64_t version;               // ABI_VERSION
   int64_t layer_size;            // sizeof(SsDraftLayer)
   int64_t part_size;             // sizeof(SsDraftPart)
-  int64_t layout;                // 0: eagle (fc over [emb_norm(e) ; feat_norm(g)]), 1: eagle3
+  int64_t layout;                // 0: eagle (fc over [emb_norm(e) ; feat_norm(g)]), 1: eagle3,
+                                 // 2: decoder (x = g; emb unread)
   int64_t M, hid, H, Hkv, D, inter, B;
   float eps, scale;
-  const float* norm_e;           // [hid] eagle: emb_norm; eagle3: input_norm
-  const float* norm_g;           // [hid] eagle: feat_norm; eagle3: hidden_norm
-  const uint8_t* fc;             // eagle: [hid, 2 hid]; eagle3: null
+  const float* norm_e;           // [hid] eagle: emb_norm; eagle3: input_norm; decoder: null
+  const float* norm_g;           // [hid] eagle: feat_norm; eagle3: hidden_norm; decoder: null
+  const uint8_t* fc;             // eagle: [hid, 2 hid]; else null
   int64_t fc_fmt;
-  const float* attn_norm;        // eagle: [hid]; eagle3: null
+  const float* attn_norm;        // eagle, decoder: [hid]; eagle3: null
   const uint8_t* qkv;            // [(H + 2 Hkv) D, in] (in: hid, eagle3 2 hid)
   int64_t qkv_fmt;
   const uint8_t* o;              // [hid, H D]
@@ -172,12 +173,12 @@ void ss_draft_layer_abi(int64_t* out) {
 }
 
 // One call of the layer; returns 0, or (running nothing) 1 when p's version is not ABI_VERSION, 2 when
-// its sizes are not this library's, 3 when a position lies outside the rotary tables, 4 when a part's
+// its sizes are not this library's or its layout none of the three, 3 when a position lies outside the rotary tables, 4 when a part's
 // rows lie outside the call's, its slots outside its buffers or its mask rows short of its slots.
 int ss_draft_layer(const SsDraftLayer* p) {
   if (!p || p->version != ABI_VERSION) return 1;
   if (p->layer_size != static_cast<int64_t>(sizeof(SsDraftLayer)) ||
-      p->part_size != static_cast<int64_t>(sizeof(SsDraftPart)))
+      p->part_size != static_cast<int64_t>(sizeof(SsDraftPart)) || p->layout < 0 || p->layout > 2)
     return 2;
   const int64_t M = p->M, hid = p->hid, H = p->H, Hkv = p->Hkv, D = p->D, W = (H + 2 * Hkv) * D;
   for (int64_t m = 0; m < M; ++m)
@@ -188,16 +189,20 @@ int ss_draft_layer(const SsDraftLayer* p) {
         (s.mask && s.mask_stride < s.at + s.m - s.n_real))
       return 4;
   }
-  const int64_t in = p->layout == 0 ? hid : 2 * hid;
+  const int64_t in = p->layout == 1 ? 2 * hid : hid;
   std::vector<float> a(M * 2 * hid), x(M * hid), hn(M * in), qkv(M * W), q(M * H * D), att(M * H * D),
       gu(M * 2 * p->inter), act(M * p->inter);
   // 1. the layer input: eagle x = fc([emb_norm(e) ; feat_norm(g)]), hn = attn_norm(x);
-  //    eagle3 hn = [input_norm(e) ; hidden_norm(g)], the residual stream starts at g
-  for (int64_t m = 0; m < M; ++m) {
+  //    eagle3 hn = [input_norm(e) ; hidden_norm(g)], the residual stream starts at g;
+  //    decoder x = g, hn = attn_norm(x)
+  for (int64_t m = 0; p->layout != 2 && m < M; ++m) {
     ss_rmsnorm(p->emb + m * hid, p->norm_e, 1, hid, p->eps, a.data() + m * 2 * hid);
     ss_rmsnorm(p->g + m * hid, p->norm_g, 1, hid, p->eps, a.data() + m * 2 * hid + hid);
   }
-  if (p->layout == 0) {
+  if (p->layout == 2) {
+    std::memcpy(x.data(), p->g, M * hid * sizeof(float));
+    ss_rmsnorm(x.data(), p->attn_norm, M, hid, p->eps, hn.data());
+  } else if (p->layout == 0) {
     ss_linear(a.data(), M, 2 * hid, p->fc, static_cast<int>(p->fc_fmt), hid, nullptr, x.data(), 0);
     ss_rmsnorm(x.data(), p->attn_norm, M, hid, p->eps, hn.data());
   } else {

@@ -14,6 +14,7 @@ from specserve.models.native.formats import BlockWeight
 
 NORMS = ("norm_e", "norm_g", "attn_norm", "mlp_norm")
 PRODUCTS = ("fc", "qkv", "o", "gate_up", "down")
+LAYOUTS = {"eagle": 0, "eagle3": 1, "decoder": 2}        # SsDraftLayer.layout
 
 
 class NativeDraftLayer:
@@ -29,15 +30,18 @@ class NativeDraftLayer:
         for n, w in self.products.items():
             fields[n], fields[f"{n}_fmt"] = w.data.data_ptr(), w.fmt
         # the call's structure, its fixed fields set once (a call sets the rest: one caller at a time)
-        self.call = SsDraftLayer.new(layout=0 if spec.layout == "eagle" else 1, hid=spec.hidden, H=spec.heads,
+        self.call = SsDraftLayer.new(layout=LAYOUTS[spec.layout], hid=spec.hidden, H=spec.heads,
                                      Hkv=spec.kv_heads, D=spec.head_dim, inter=spec.intermediate, eps=spec.eps,
                                      scale=spec.head_dim ** -0.5, **fields)
 
-    def __call__(self, g: Tensor, emb: Tensor, pos: Tensor, cos: Tensor, sin: Tensor,
+    def __call__(self, g: Tensor, emb: Tensor | None, pos: Tensor, cos: Tensor, sin: Tensor,
                  parts: list[DraftPart]) -> Tensor:
-        """g, emb [M, hidden] float32, pos [M] int64, cos, sin [positions, (1,) head_dim] (rotate-half
+        """g, emb [M, hidden] float32 (emb: None for the ``decoder`` layout, which reads none), pos [M] int64, cos, sin [positions, (1,) head_dim] (rotate-half
         tables, sin's first half negated), parts covering the M rows in order -> outputs [M, hidden]."""
-        g, emb, pos = g.float().contiguous(), emb.float().contiguous(), pos.to(torch.int64).contiguous()
+        g, pos = g.float().contiguous(), pos.to(torch.int64).contiguous()
+        if emb is None and self.spec.layout != "decoder":
+            raise ValueError(f"draft layer: the {self.spec.layout} layout reads the entries' embeddings")
+        emb = g if emb is None else emb.float().contiguous()
         m = len(g)
         out = torch.empty(m, self.spec.hidden)
         table = (SsDraftPart * len(parts))()
