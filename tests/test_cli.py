@@ -49,6 +49,8 @@ def _one_line_error(argv: list[str], msg: str, capsys) -> None:
     (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
     (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
     (["train", "eagle"], "required"),
+    (["train", "eagle", "--out", "/tmp/x", "--head-layers", "0"], "--head-layers takes N >= 1, got 0"),
+    (["train", "eagle", "--out", "/tmp/x", "--parallel", "1"], "--parallel takes K >= 2"),
     (["bench", "--per-group", "0"], "--per-group and --max-tokens must be >= 1"),     # bench's own options
     (["bench", "nope"], "unrecognized arguments: nope"),
     (["bench", "soak", "--concurrency", "2"], "the following arguments are required: --minutes"),

@@ -184,6 +184,12 @@ def train_head(args: argparse.Namespace) -> int:
     from specserve.train import data as tdata
     from specserve.train.trainer import Data, TrainConfig, Trainer
 
+    parallel = getattr(args, "parallel", 0)                  # refused before any data is made
+    if parallel < 0 or parallel == 1:
+        raise SpecserveError(f"--parallel takes K >= 2 (tokens one pass drafts) or 0, got {parallel}")
+    depth = getattr(args, "head_layers", 1)
+    if depth < 1:
+        raise SpecserveError(f"--head-layers takes N >= 1, got {depth}")
     target = load_model(args.model)
     num_layers = target.config.num_layers
     kind, layers = head_layers(args, num_layers)
@@ -192,12 +198,6 @@ def train_head(args: argparse.Namespace) -> int:
         make_data(args, needed)
     meta, shards = tdata.load(args.data_dir)
     data = Data(meta, shards, layers)
-    parallel = getattr(args, "parallel", 0)
-    if parallel < 0 or parallel == 1:
-        raise SpecserveError(f"--parallel takes K >= 2 (tokens one pass drafts) or 0, got {parallel}")
-    depth = getattr(args, "head_layers", 1)
-    if depth < 1:
-        raise SpecserveError(f"--head-layers takes N >= 1, got {depth}")
     cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab, parallel=parallel, head_layers=depth,
                       steps=parallel or getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
