@@ -51,6 +51,7 @@ def _one_line_error(argv: list[str], msg: str, capsys) -> None:
     (["train", "eagle"], "required"),
     (["train", "eagle", "--out", "/tmp/x", "--head-layers", "0"], "--head-layers takes N >= 1, got 0"),
     (["train", "eagle", "--out", "/tmp/x", "--parallel", "1"], "--parallel takes K >= 2"),
+    (["train", "eagle", "--out", "/tmp/x", "--also-data", "/no/such/data"], "--also-data /no/such/data: no training data"),
     (["bench", "--per-group", "0"], "--per-group and --max-tokens must be >= 1"),     # bench's own options
     (["bench", "nope"], "unrecognized arguments: nope"),
     (["bench", "soak", "--concurrency", "2"], "the following arguments are required: --minutes"),

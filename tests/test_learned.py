@@ -199,6 +199,21 @@ def _trainer(target, data_dir, out, kind="eagle", **kw):
     return Trainer(cfg, target, Data(meta, shards, layers), str(out))
 
 
+def test_several_data_folders_train_together_each_holding_out_its_last_shard(counting, data_dir):
+    """``Data(..., more)``: the folders' training shards and their held-out shards pooled; folders of
+    other layers are refused."""
+    meta, shards = load(data_dir)
+    one = Data(meta, shards, (1, 3))
+    two = Data(meta, shards, (1, 3), [(meta, shards[:2])])
+    assert len(two.train) == len(one.train) + len(Data(meta, shards[:2], (1, 3)).train)
+    assert len(two.val) == len(one.val) + len(Data(meta, shards[:2], (1, 3)).val)
+    assert torch.equal(two.val[-1]["tokens"], Data(meta, shards[:2], (1, 3)).val[-1]["tokens"])
+    with pytest.raises(SpecserveError, match="hold different layers"):
+        Data(meta, shards, (1, 3), [({**meta, "layers": [1, 2, 3]}, shards)])
+    with pytest.raises(SpecserveError, match="at least two shards"):
+        Data(meta, shards, (1, 3), [(meta, shards[:1])])
+
+
 def test_data_shards_hold_prompt_and_answer_features(counting, data_dir):
     meta, shards = load(data_dir)
     assert len(shards) == 3 and meta["layers"] == [1, 3]

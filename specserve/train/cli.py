@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
         _data_args(h)
         h.add_argument("--out", required=True, help="folder for the head, checkpoints and the loss curve")
         h.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+        h.add_argument("--also-data", action="append", default=[], metavar="DIR", help="another folder of "
+                       "training data (`specserve train data`, the same layers) to train on together with "
+                       "--data-dir; its last shard is held out too (repeatable)")
         h.add_argument("--epochs", type=int, default=1)
         h.add_argument("--max-steps", type=int, default=0, help="stop after this many optimiser steps (0: no cap)")
         h.add_argument("--lr", type=float, default=1e-3)
@@ -184,6 +187,10 @@ def train_head(args: argparse.Namespace) -> int:
     from specserve.train import data as tdata
     from specserve.train.trainer import Data, TrainConfig, Trainer
 
+    for d in args.also_data:
+        if not (Path(d) / "meta.json").exists():
+            raise SpecserveError(f"--also-data {d}: no training data there (no meta.json); make it with "
+                                 f"`specserve train data --data-dir {d}`")
     parallel = getattr(args, "parallel", 0)                  # refused before any data is made
     if parallel < 0 or parallel == 1:
         raise SpecserveError(f"--parallel takes K >= 2 (tokens one pass drafts) or 0, got {parallel}")
@@ -197,7 +204,8 @@ def train_head(args: argparse.Namespace) -> int:
     if not (Path(args.data_dir) / "meta.json").exists():
         make_data(args, needed)
     meta, shards = tdata.load(args.data_dir)
-    data = Data(meta, shards, layers)
+    more = [tdata.load(d) for d in args.also_data]
+    data = Data(meta, shards, layers, more)
     cfg = TrainConfig(kind=kind, layers=layers, vocab=args.vocab, parallel=parallel, head_layers=depth,
                       steps=parallel or getattr(args, "ttt_steps", 1), num_medusa=getattr(args, "heads", 0),
                       intermediate_size=getattr(args, "intermediate_size", 0), epochs=args.epochs, lr=args.lr,
@@ -215,7 +223,8 @@ def train_head(args: argparse.Namespace) -> int:
     val = trainer.run(progress=_train_progress(kind))
     ntok = sum(len(s["tokens"]) for s in data.train)
     trainer.export(args.out, {"wall_seconds": round(time.perf_counter() - t0, 1),
-                              "data": {"dir": args.data_dir, "prompts": meta["prompts"],
+                              "data": {"dir": args.data_dir, "also": args.also_data,
+                                       "prompts": meta["prompts"] + sum(m["prompts"] for m, _ in more),
                                        "train_sequences": len(data.train), "train_positions": ntok,
                                        "val_sequences": len(data.val)}})
     print(f"validation: a greedy chain of {val['depth']} accepts {val['accepted']:.2f} drafted tokens per step "

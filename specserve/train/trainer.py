@@ -65,19 +65,27 @@ class Batch:
 
 
 class Data:
-    """Sequences of a data directory, batched by length; the last shard is the validation split."""
+    """Sequences of a data directory, batched by length; the last shard is the validation split.
+    ``more``: further directories' (meta, shards), of the same layers, trained on together with the
+    first; each one's last shard is held out too (the validation split is all the held-out shards)."""
 
-    def __init__(self, meta: dict, shards: list[dict[str, Tensor]], layers: tuple[int, ...]):
+    def __init__(self, meta: dict, shards: list[dict[str, Tensor]], layers: tuple[int, ...],
+                 more: list[tuple[dict, list[dict[str, Tensor]]]] = ()):
         have = meta["layers"]
         missing = [l for l in (*layers, meta["num_layers"]) if l not in have]
         if missing:
             raise SpecserveError(f"the training data holds layers {have}, not {missing}; make it again")
         self.cols = [have.index(l) for l in layers]
         self.final_col = have.index(meta["num_layers"])
-        if len(shards) < 2:
-            raise SpecserveError("training data needs at least two shards (the last is held out for validation)")
-        self.train = [s for sh in shards[:-1] for s in self._split(sh)]
-        self.val = self._split(shards[-1])
+        folders = [(meta, shards), *more]
+        for m, sh in folders:
+            if (m["layers"], m["num_layers"]) != (have, meta["num_layers"]):
+                raise SpecserveError(f"training data folders hold different layers ({have} and {m['layers']}); "
+                                     f"make them with the same target and layers")
+            if len(sh) < 2:
+                raise SpecserveError("training data needs at least two shards (the last is held out for validation)")
+        self.train = [s for _, sh in folders for shard in sh[:-1] for s in self._split(shard)]
+        self.val = [s for _, sh in folders for s in self._split(sh[-1])]
 
     @staticmethod
     def _split(sh: dict[str, Tensor]) -> list[dict[str, Tensor]]:
