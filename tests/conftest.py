@@ -118,10 +118,12 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
     blocks) for ``target`` over a reduced
     vocabulary of its first three quarters of tokens, saved in a temporary folder (removed when the process exits) whose path is returned.
     ``parallel``: an EAGLE head drafting that many tokens per pass (placeholder token 1); ``head_layers``:
-    an EAGLE head of that many decoder layers (the later ones random, not the identity they train from)."""
+    an EAGLE head of that many decoder layers (the later ones random, not the identity they train from).
+    Every norm's weight is random around 1, so a norm read in another's place shows."""
     import tempfile
 
     from specserve.drafters.heads import build, new_config, save_head
+    from specserve.drafters.heads.modules import RMSNorm
 
     key = (kind, target.path, tuple(layers or ()), seed, parallel, head_layers)
     if key not in _HEADS:
@@ -135,6 +137,9 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
         for layer in getattr(module, "extra", ()):
             layer.o.reset_parameters()                              # a random layer, not the identity
             layer.down.reset_parameters()
+        for m in module.modules():
+            if isinstance(m, RMSNorm):                              # norms told apart (not all ones)
+                torch.nn.init.normal_(m.weight, mean=1.0, std=0.3)
         if parallel:
             torch.nn.init.normal_(module.mask_hidden, std=1.0)      # a placeholder state of the features' scale
         if kind == "medusa":

@@ -12,7 +12,8 @@ activations included), and on the real default model with the shipped heads (slo
 
 Where the runtime runs an EAGLE layer in one call (``Decoder.draft_layer``, the native kernels), the
 fast drafter is driven twice: op by op (bit for bit, as above), and with the one-call layer, whose
-norms, RoPE and attention round in their own order (float tolerance; the same trees).
+norms, RoPE and attention round in their own order (float tolerance; the same trees, or on int8
+activations nearly the same: ``NearTrees``).
 """
 
 import math
@@ -118,13 +119,43 @@ def exact(target) -> bool:
     return target.options.kernels == "native"
 
 
-def both_paths(target, kind: str, options: dict, **kw) -> int:
+def both_paths(target, kind: str, options: dict, near: bool = False, **kw) -> int:
     """``drive`` op by op (bit for bit where ``exact``) and, where the runtime runs the layer in one
-    call, with that call (float tolerance); returns the nodes compared in the smaller run."""
+    call, with that call (float tolerance; with ``near``, on int8 activations, ``NearTrees``);
+    returns the nodes compared in the smaller run."""
     ops = drive(target, kind, options, exact=exact(target), **kw)
     if create(kind, target, **options).__dict__.get("layer") is None:
         return ops
-    return min(ops, drive(target, kind, options, exact=False, one_call=True, **kw))
+    if not (near and getattr(target.model, "activations", "f32") == "int8"):
+        return min(ops, drive(target, kind, options, exact=False, one_call=True, **kw))
+    near = NearTrees()
+    one = drive(target, kind, options, exact=False, one_call=True, check=near, **kw)
+    assert near.holds(), (near.shared, near.total, near.shift)
+    return min(ops, one)
+
+
+class NearTrees:
+    """A ``drive`` check for the one-call layer on int8 activations: a product's input rows are
+    rounded to int8 codes, so a last-bit difference in a norm can move a row's code by one step and a
+    node's score by a few percent; near-ties may then swap.  So the trees are compared by their paths
+    of tokens: ``holds`` when at least 90% of the reference's nodes are shared, every proposal's first
+    node is the same and its log-confidence within 0.1 of the reference's.  Deterministic (seeded
+    inputs), so no false failures."""
+
+    def __init__(self):
+        self.shared, self.total, self.shift = 0, 0, 0.0
+
+    def __call__(self, a: DraftProposal, b: DraftProposal) -> None:
+        pa, pb = paths(a), paths(b)
+        assert (not a.tokens) == (not b.tokens)
+        if a.tokens:
+            assert a.tokens[0] == b.tokens[0]
+            self.shift = max(self.shift, abs(math.log(a.confidence[0] / b.confidence[0])))
+        self.shared += len(pa.keys() & pb.keys())
+        self.total += len(pb)
+
+    def holds(self) -> bool:
+        return self.shared >= 0.9 * self.total and self.shift < 0.1
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +184,12 @@ def _deeper(t) -> int:
             "depth": 4}
     d = create("eagle", t, **opts)
     assert d.cfg.num_layers == 3 and (d.layer is None or len(d.layer) == 3)
-    return both_paths(t, "eagle", opts, prompts=PROMPTS, steps=5, budgets=[0, 2, 8, 16])
+    return both_paths(t, "eagle", opts, near=True, prompts=PROMPTS, steps=5, budgets=[0, 2, 8, 16])
 
 
 def test_deeper_heads_trees_are_the_reference_trees(wide):
-    """A head of three decoder layers (the layout's, then two plain ones, each with its own keys)."""
+    """A head of three decoder layers (the layout's, then two plain ones, each with its own keys).
+    Three layers of int8 rounding: the one call's trees nearly the reference's (97 of 98 nodes)."""
     assert _deeper(wide) > 60
 
 
@@ -261,9 +293,8 @@ def test_shipped_heads_on_the_default_model(kind, default_target):
     """Op by op, bit for bit.  With the one-call layer (eagle): int8 activations round a product's
     input rows to int8 codes, so a last-bit difference in a norm can move a row's code by one step and
     a deep node's score by a few percent; near-ties among deep, unlikely nodes may then swap.  So the
-    one-call trees are checked by their paths of tokens: at least 90% of the reference's nodes
-    shared (measured: 168 of 171), every proposal's first node the same, its log-confidence within
-    0.1 of the reference's (measured: 0.03); deterministic (seeded), so no false failures.  On fp32 activations the
+    one-call trees are checked by their paths of tokens (``NearTrees``; measured: 168 of 171 nodes
+    shared, first nodes' log-confidence within 0.03).  On fp32 activations the
     one-call trees are the reference's to float tolerance (the next test)."""
     from specserve.llm import LLM
     llm = LLM(loaded=default_target, drafters=["ngram"], max_batch=1, max_len=1024)      # for its chat template
@@ -271,20 +302,11 @@ def test_shipped_heads_on_the_default_model(kind, default_target):
     assert all(drive(llm.target, kind, {}, **kw) > n for kw, n in runs)
     if kind != "eagle":
         return
-    shared, total, shift = [0], [0], [0.0]
-
-    def close(a: DraftProposal, b: DraftProposal) -> None:
-        pa, pb = paths(a), paths(b)
-        assert (not a.tokens) == (not b.tokens)
-        if a.tokens:
-            assert a.tokens[0] == b.tokens[0]
-            shift[0] = max(shift[0], abs(math.log(a.confidence[0] / b.confidence[0])))
-        shared[0] += len(pa.keys() & pb.keys())
-        total[0] += len(pb)
+    near = NearTrees()
     for kw, _ in runs:
-        drive(llm.target, kind, {}, exact=False, one_call=True, check=close, **kw)
-    print(f"one call: {shared[0]} of {total[0]} nodes shared, first nodes' log-confidence within {shift[0]:.4f}")
-    assert total[0] > 100 and shared[0] >= 0.9 * total[0] and shift[0] < 0.1
+        drive(llm.target, kind, {}, exact=False, one_call=True, check=near, **kw)
+    print(f"one call: {near.shared} of {near.total} nodes shared, first nodes' log-confidence within {near.shift:.4f}")
+    assert near.total > 100 and near.holds()
 
 
 @pytest.mark.slow

@@ -168,26 +168,21 @@ class _EagleHeadBase(_OneLayer):
         return self._lin(lin, "fuse")(feats.flatten(-2))
 
 
-class DecoderLayer(_OneLayer):
-    """A plain pre-norm decoder layer of the target's shape: a deeper EAGLE head's layers after the
-    first (module docstring); its input x is the previous layer's output."""
+class _PreNormLayer(_OneLayer):
+    """A standard pre-norm decoder layer of the target's shape over x [..., hidden]: attn_norm, q, kv,
+    o, then ffn_norm and the gated MLP, the residual stream starting at x.  The ``eagle`` layout's
+    layer (after its fc) and the plain layers of a deeper head (``DecoderLayer``)."""
 
-    LINEARS = ("q", "kv", "o", "gate_up", "down")
-
-    def __init__(self, cfg: HeadConfig):
-        super().__init__()
+    def _pre_norm_layer(self, cfg: HeadConfig) -> None:
         h = cfg.hidden_size
-        self.cfg = cfg
         self.attn_norm, self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
         self.q = nn.Linear(h, cfg.num_heads * cfg.head_dim, bias=False)
         self.kv = nn.Linear(h, 2 * cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
-        nn.init.zeros_(self.o.weight)          # the residual branches start at zero: the layer starts
-        nn.init.zeros_(self.down.weight)       # as the identity
 
-    def draft_weights(self) -> dict[str, Tensor]:
+    def layer_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
         return {"attn_norm": self.attn_norm.weight, "qkv": torch.cat([self.q.weight, self.kv.weight]),
                 "o": self.o.weight, "mlp_norm": self.ffn_norm.weight, "gate_up": self.gate_up.weight,
@@ -204,8 +199,25 @@ class DecoderLayer(_OneLayer):
         return self.ffn_norm
 
 
-class EagleHead(_EagleHeadBase):
-    """fuse -> [embedding ; fused feature] -> one pre-norm decoder layer -> norm (-> reduced LM head)."""
+class DecoderLayer(_PreNormLayer):
+    """A plain pre-norm decoder layer: a deeper EAGLE head's layers after the first (module
+    docstring); its input x is the previous layer's output."""
+
+    LINEARS = ("q", "kv", "o", "gate_up", "down")
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        self._pre_norm_layer(cfg)
+        nn.init.zeros_(self.o.weight)          # the residual branches start at zero: the layer starts
+        nn.init.zeros_(self.down.weight)       # as the identity
+
+    def draft_weights(self) -> dict[str, Tensor]:
+        return self.layer_weights()
+
+
+class EagleHead(_PreNormLayer, _EagleHeadBase):
+    """fuse -> [embedding ; fused feature] -> fc -> one pre-norm decoder layer -> norm (-> reduced LM head)."""
 
     LINEARS = ("fuse", "fc", "q", "kv", "o", "gate_up", "down")
 
@@ -216,12 +228,7 @@ class EagleHead(_EagleHeadBase):
         self.fuse = nn.Linear(len(cfg.feature_layers) * h, h, bias=False)
         self.emb_norm, self.feat_norm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.attn_norm, self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
-        self.q = nn.Linear(h, cfg.num_heads * cfg.head_dim, bias=False)
-        self.kv = nn.Linear(h, 2 * cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
-        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self._pre_norm_layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self._placeholder(cfg)
         self._deeper(cfg)
@@ -229,23 +236,11 @@ class EagleHead(_EagleHeadBase):
     def draft_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
         return {"norm_e": self.emb_norm.weight, "norm_g": self.feat_norm.weight, "fc": self.fc.weight,
-                "attn_norm": self.attn_norm.weight, "qkv": torch.cat([self.q.weight, self.kv.weight]),
-                "o": self.o.weight, "mlp_norm": self.ffn_norm.weight, "gate_up": self.gate_up.weight,
-                "down": self.down.weight}
+                **self.layer_weights()}
 
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
         """g, emb [..., hidden] -> the layer's input x [..., hidden]."""
         return self._lin(lin, "fc")(torch.cat([self.emb_norm(emb), self.feat_norm(g)], -1))
-
-    def normed(self, x: Tensor) -> Tensor:
-        return self.attn_norm(x)
-
-    def residual(self, x: Tensor) -> Tensor:
-        return x
-
-    @property
-    def mlp_norm(self) -> nn.Module:
-        return self.ffn_norm
 
 
 class Eagle3Head(_EagleHeadBase):
