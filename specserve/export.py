@@ -1,5 +1,7 @@
 """``specserve export eagle HEAD --out DIR``: an ``eagle3`` head as the EAGLE-3 draft model vLLM and
-SGLang serve (``LlamaForCausalLMEagle3``): ``config.json`` and ``model.safetensors``.
+SGLang serve (``LlamaForCausalLMEagle3``): ``config.json`` and ``model.safetensors``.  ``default``
+is ``specserve/data/heads/eagle3-parallel``, the EAGLE-3 twin of the shipped parallel head (the shipped
+heads are of this project's ``eagle`` layout, refused below).
 
 What their loaders read (vLLM ``vllm/model_executor/models/llama_eagle3.py`` at 583507d1,
 ``v1/worker/gpu_model_runner.py`` at 4e179065, ``models/llama.py`` at e06c9ba2; SGLang
@@ -53,14 +55,16 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 DTYPES = ("float16", "bfloat16", "float32")      # tensor types written (torch's names)
+DEFAULT = "eagle3-parallel"     # what `export eagle default` writes: the shipped parallel head's EAGLE-3 twin
 
 
 def refuse_unless_eagle3(cfg, where: str) -> None:
     """One line saying why a head other than ``eagle3`` cannot be exported."""
     if cfg.kind == "eagle":
         raise SpecserveError(f"the head at {where} is the `eagle` layout (fc over [embedding ; feature], then a "
-                             f"standard decoder layer), not EAGLE-3's, so vLLM and SGLang cannot load it; retrain "
-                             f"with `specserve train eagle --layout eagle3`")
+                             f"standard decoder layer), not EAGLE-3's, so vLLM and SGLang cannot load it; export "
+                             f"`default` (the shipped parallel head's EAGLE-3 twin) or retrain with "
+                             f"`specserve train eagle --layout eagle3`")
     if cfg.kind != "eagle3":
         raise SpecserveError(f"the head at {where} is a {cfg.kind} head; only eagle3 heads export "
                              f"(`specserve train eagle --layout eagle3`)")
@@ -159,7 +163,8 @@ def add_parser(sub) -> None:
     g = esub.add_parser("eagle", help="an eagle3 head as an EAGLE-3 draft model for vLLM and SGLang "
                                       "(LlamaForCausalLMEagle3)")
     g.add_argument("head", help="the head folder (config.json, head.safetensors) of `specserve train eagle "
-                                "--layout eagle3`, or 'default': the eagle head shipped for the default model")
+                                "--layout eagle3`, or 'default': the EAGLE-3 twin of the parallel head shipped for "
+                                "the default model (the shipped heads themselves are of this project's layout)")
     g.add_argument("--out", required=True, help="folder for config.json and model.safetensors")
     g.add_argument("--model", default="default", help="the target the head was trained for (its LM-head rows "
                    "of the reduced vocabulary are written with the head)")
@@ -170,10 +175,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     import sys
 
     from specserve.drafters.heads.files import read_config
-    from specserve.drafters.heads.runtime import head_path
+    from specserve.drafters.heads.runtime import shipped_head
     from specserve.models.loader import load_model
 
-    head = str(head_path("eagle", args.head))
+    head = str(shipped_head(DEFAULT) if args.head == "default" else Path(args.head))
     if not (Path(head) / "config.json").exists():
         raise SpecserveError(f"no head at {head} (a head folder holds config.json and head.safetensors)")
     refuse_unless_eagle3(read_config(head), head)                 # before loading the target

@@ -4,8 +4,10 @@ The exported files are read back with safetensors and json only, checked against
 and config keys the two loaders read (``LOADER_TENSORS``, ``LOADER_CONFIG``), and the draft model is
 run again from those tensors alone by an independent transcription of vLLM's ``Eagle3`` midlayer
 (``vllm_draft``): its draft logits must be our ``Eagle3Head``'s (training's unroll) for a prefix
-with causal attention and for the next draft step.  The ``eagle`` layout is refused, and the
-``eagle3`` layout trains (a few optimiser steps lower the loss).
+with causal attention and for the next draft step, and for a parallel head's placeholder slots as
+vLLM's parallel drafting fills them.  The ``eagle`` layout is refused, and the ``eagle3`` layout
+trains (a few optimiser steps lower the loss).  On the default model (slow): ``export eagle
+default`` writes the shipped EAGLE-3 twin, whose file drafts what the head drafts.
 
 Sources read (the snapshots the code index holds):
   vLLM  vllm-project/vllm@583507d13075783a12ccbd774575974d10ca4959 vllm/model_executor/models/llama_eagle3.py
@@ -205,6 +207,8 @@ def test_vllm_midlayer_from_the_file_gives_our_draft_logits(target, head, tmp_pa
 
 
 def test_export_refuses_the_old_layout_in_one_line(target, tmp_path, capsys):
+    from specserve.drafters.heads.runtime import shipped_head
+
     old = tiny_head("eagle", target)
     assert main(["export", "eagle", old, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
@@ -212,8 +216,8 @@ def test_export_refuses_the_old_layout_in_one_line(target, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     assert main(["export", "eagle", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
     assert "no head at" in capsys.readouterr().err
-    # 'default' is the shipped eagle head, whose layout is this project's: refused by its config alone
-    assert main(["export", "eagle", "default", "--out", str(tmp_path / "x")]) == 2
+    # the shipped eagle head, whose layout is this project's: refused by its config alone
+    assert main(["export", "eagle", str(shipped_head("eagle")), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "specserve/data/heads/eagle" in err and "not EAGLE-3's" in err and not (tmp_path / "x").exists()
 
@@ -289,27 +293,56 @@ def test_parallel_head_exports_what_vllm_parallel_drafting_reads(target, paralle
     fc(``mask_hidden``) as their state, attending causally; each placeholder's logits equal our
     head's for that depth (the training unroll with placeholder inputs, which the drafter matches)."""
     out = export_eagle3(parallel_head, tmp_path / "draft", target, dtype="float32")
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["pard_token"] == conf["ptd_token_id"] == 6 and conf["specserve"]["parallel"] == 3
+    parallel_drafts_match(target, parallel_head, out, SEQ)
+
+
+def parallel_drafts_match(target, head_dir, out, seq: list[int]) -> None:
+    """The test above's check for the head at ``head_dir`` exported (float32) to ``out``, over ``seq``."""
     t = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(out / "model.safetensors")).items()}
     conf = json.loads((out / "config.json").read_text())
-    cfg, module, vocab_ids = load_head(parallel_head)
-    assert conf["pard_token"] == conf["ptd_token_id"] == 6 and conf["specserve"]["parallel"] == 3
+    cfg, module, vocab_ids = load_head(head_dir)
     assert tuple(t["mask_hidden"].shape) == (3 * cfg.hidden_size,)      # vLLM: fc_input_size elements
-    K, T = cfg.parallel, len(SEQ) - 1
+    K, T = cfg.parallel, len(seq) - 1
     P = T - (K - 1)                                                      # real slots 0..P-1, pending x_P
-    aux = prompt_features(target, SEQ, tuple(conf["eagle_aux_hidden_state_layer_ids"]))
+    aux = prompt_features(target, seq, tuple(conf["eagle_aux_hidden_state_layer_ids"]))
     hidden = torch.cat([aux[i][:P] for i in conf["eagle_aux_hidden_state_layer_ids"]], -1) @ t["fc.weight"].T
-    embeds = target.model.weight_rows("embed", torch.tensor(SEQ[1:P + 1]))
+    embeds = target.model.weight_rows("embed", torch.tensor(seq[1:P + 1]))
     ref, _, past = vllm_draft(t, conf, embeds, hidden, torch.arange(P))
     hold_e = target.model.weight_rows("embed", torch.tensor([conf["pard_token"]] * (K - 1)))
     hold_h = (t["mask_hidden"] @ t["fc.weight"].T).expand(K - 1, -1)      # combine_hidden_states(mask_hidden)
     held, _, _ = vllm_draft(t, conf, hold_e, hold_h, torch.arange(P, P + K - 1), past)
-    feats = torch.stack([prompt_features(target, SEQ, tuple(cfg.feature_layers))[i][:T] for i in cfg.feature_layers], 1)
-    emb_all = target.model.weight_rows("embed", torch.tensor(SEQ[1:]))
+    feats = torch.stack([prompt_features(target, seq, tuple(cfg.feature_layers))[i][:T] for i in cfg.feature_layers], 1)
+    emb_all = target.model.weight_rows("embed", torch.tensor(seq[1:]))
     with torch.no_grad():
-        hold = (module.placeholder_state(), target.model.weight_rows("embed", torch.tensor([6]))[0])
+        hold = (module.placeholder_state(), target.model.weight_rows("embed", torch.tensor([cfg.mask_token_id]))[0])
         ours = eagle_unroll(module, module.fused(feats[None]), emb_all[None], K, hold)
         rows = target.model.weight_rows("lm_head", vocab_ids)
         depth = [module.norm(ours[j][0, P - 1 + j]) @ rows.T for j in range(K)]
     torch.testing.assert_close(ref[P - 1, vocab_ids], depth[0], rtol=1e-4, atol=1e-4)
     for j in range(1, K):
         torch.testing.assert_close(held[j - 1, vocab_ids], depth[j], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_default_is_the_shipped_parallel_heads_eagle3_twin(default_target, default_tokenizer, tmp_path, capsys):
+    """``specserve export eagle default`` writes the shipped EAGLE-3 twin for the default model: the
+    loaders' names, shapes and config, and vLLM's parallel drafting from the file drafts what the
+    head drafts, on a real prompt's features."""
+    from specserve.drafters.heads.runtime import shipped_head
+    from specserve.export import DEFAULT
+
+    out = tmp_path / "draft"
+    assert main(["export", "eagle", "default", "--out", str(out), "--dtype", "float32"]) == 0
+    assert '"parallel_drafting": true' in capsys.readouterr().err
+    cfg, _, vocab_ids = load_head(shipped_head(DEFAULT))
+    assert cfg.kind == "eagle3" and cfg.parallel == 4 and cfg.target["hidden_size"] == default_target.config.hidden_size
+    tensors, conf = load_file(str(out / "model.safetensors")), json.loads((out / "config.json").read_text())
+    assert set(tensors) == set(LOADER_TENSORS) | {"mask_hidden"}
+    for name, (shape, _) in LOADER_TENSORS.items():
+        assert tuple(tensors[name].shape) == shape(cfg, len(vocab_ids)), name
+    assert conf["eagle_aux_hidden_state_layer_ids"] == sorted(cfg.feature_layers)
+    assert conf["vocab_size"] == default_target.config.vocab_size and conf["draft_vocab_size"] == len(vocab_ids)
+    seq = default_tokenizer.encode("The capital of France is Paris, and the capital of Italy is Rome.")
+    parallel_drafts_match(default_target, shipped_head(DEFAULT), out, seq)

@@ -19,7 +19,9 @@ import torch
 from conftest import tiny_model
 from specserve.bench.datasets import MT_BENCH, load_jsonl
 from specserve.drafters import create
+from specserve.drafters.heads.runtime import shipped_head
 from specserve.errors import SpecserveError
+from specserve.export import DEFAULT as EXPORTED
 from specserve.engine import Engine, Request
 from specserve.llm import LLM
 from specserve.models import RuntimeOptions, load_model
@@ -63,6 +65,8 @@ def drafters(llm, plain, prompts):
             "oracle": lambda: oracle,
             "eagle": lambda: create("eagle", target),
             "eagle-parallel": lambda: create("eagle-parallel", target),
+            # the shipped parallel head's EAGLE-3 twin (what `specserve export eagle default` writes)
+            "eagle3-twin": lambda: create("eagle-parallel", target, head=str(shipped_head(EXPORTED))),
             "medusa": lambda: create("medusa", target),
             "suffix": lambda: create("suffix", target),           # its corpus grows prompt by prompt
             "lookahead": lambda: create("lookahead", target),
@@ -123,7 +127,8 @@ def test_int8_activations_stay_close_to_transformers(llm, prompts, plain, hf_ref
 
 
 IDENTITY = [(name, k) for name in ["ngram", "ngram-tree", "self-draft", "random-draft", "oracle", "eagle",
-                                    "eagle-parallel", "medusa", "suffix", "layerskip", "lookahead"] for k in (4, "auto")]
+                                    "eagle-parallel", "eagle3-twin", "medusa", "suffix", "layerskip", "lookahead"]
+            for k in (4, "auto")]
 
 
 @pytest.mark.parametrize("name,k", IDENTITY)
@@ -170,16 +175,20 @@ def test_shipped_heads_accept_and_refuse_another_model(llm, prompts, plain, draf
     tokens per target pass on these prompts, where a head that knew nothing would commit about 1;
     measured on an AMD EPYC: EAGLE 1.94 and Medusa 1.49 with int8 activations, 1.96 and 1.52 with
     fp32, the features they were trained on; on a Zen 4 with int8 activations EAGLE 2.02, Medusa
-    1.50 and the parallel head 1.79, more than 1.6, so its placeholder depths add to its first)
-    and are refused for another target."""
-    for name, floor in (("eagle", 1.4), ("medusa", 1.4), ("eagle-parallel", PARALLEL_FLOOR)):
+    1.50 and the parallel head 1.79, more than 1.6, so its placeholder depths add to its first; its
+    EAGLE-3 twin, trained for less, 1.57) and are refused for another target."""
+    twin = ("eagle-parallel", {"head": str(shipped_head(EXPORTED))})
+    for name, floor, (kind, opts) in (("eagle", 1.4, ("eagle", {})), ("medusa", 1.4, ("medusa", {})),
+                                      ("eagle-parallel", PARALLEL_FLOOR, ("eagle-parallel", {})),
+                                      ("eagle3-twin", 1.3, twin)):
         eng = Engine(llm.target, {name: drafters[name]()}, max_batch=1, max_len=1024)
         outs = [eng.generate([Request(p, N_TOKENS, drafter=name, num_draft=16)])[0] for p in prompts[:3]]
         assert [o.tokens for o in outs] == plain[:3]
         steps = sum(o.stats.target_passes for o in outs)
+        print(f"{name}: {sum(len(o.tokens) for o in outs) / steps:.2f} tokens per target pass")
         assert sum(len(o.tokens) for o in outs) / steps > floor, name
         with pytest.raises(SpecserveError, match="hidden_size"):
-            create(name, tiny_model(seed=0, vocab=llm.target.config.vocab_size, layers=2))
+            create(kind, tiny_model(seed=0, vocab=llm.target.config.vocab_size, layers=2), **opts)
 
 
 def test_greedy_identity_fbgemm_runtime(prompts):
