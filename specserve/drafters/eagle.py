@@ -178,16 +178,15 @@ class EagleDrafter(HeadDrafter):
     # -- the head ----------------------------------------------------------------------------------------
     @property
     def ops(self) -> list[dict]:
-        """Per decoder layer of the head, its products by name on the target's kernels (``LINEARS`` but
-        the fusion, which is ``lin``'s; q, k and v as one ``qkv``), for running the layers op by op: the
-        torch runtimes' path, and the one tests and experiments compare the one-call layer with (by
-        setting ``layer`` to None).  Converted on first use: a drafter running the one-call layer never
+        """Per decoder layer of the head, its products by name on the target's kernels (those of its
+        ``draft_weights``: q, k and v as one ``qkv``; the fusion is ``lin``'s), for running the layers
+        op by op: the torch runtimes' path, and the one tests and experiments compare the one-call
+        layer with (by setting ``layer`` to None).  Converted on first use: a drafter running the one-call layer never
         needs them."""
         if self._ops is None:
             m = self.target.model
-            self._ops = [{name: m.matmul(getattr(layer, name).weight) for name in layer.LINEARS if name not in
-                          ("fuse", "q", "kv")} | {"qkv": m.matmul(torch.cat([layer.q.weight, layer.kv.weight]))}
-                         for layer in self.head.stack()]
+            self._ops = [{name: m.matmul(w) for name, w in layer.draft_weights().items() if w.dim() == 2}
+                         for layer in self.head.stack()]                   # the products, not the norms
         return self._ops
 
     def _entries(self, parts: list[_Part], g: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:

@@ -111,6 +111,10 @@ class _OneLayer(nn.Module):
     def _lin(self, lin: Linears, name: str) -> Callable[[Tensor], Tensor]:
         return lin[name] if lin is not None else getattr(self, name)
 
+    def qkv_weight(self) -> Tensor:
+        """q's and kv's weights as the one product a runtime runs [(H + 2 Hkv) d, in]."""
+        return torch.cat([self.q.weight, self.kv.weight])
+
     def _project(self, hn: Tensor, pos: Tensor, lin: Linears) -> tuple[Tensor, Tensor, Tensor]:
         """hn [..., T, in], pos [..., T] -> q [..., T, H, d], k, v [..., T, Hkv, d] (RoPE applied)."""
         c = self.cfg
@@ -184,7 +188,7 @@ class _PreNormLayer(_OneLayer):
 
     def layer_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
-        return {"attn_norm": self.attn_norm.weight, "qkv": torch.cat([self.q.weight, self.kv.weight]),
+        return {"attn_norm": self.attn_norm.weight, "qkv": self.qkv_weight(),
                 "o": self.o.weight, "mlp_norm": self.ffn_norm.weight, "gate_up": self.gate_up.weight,
                 "down": self.down.weight}
 
@@ -272,7 +276,7 @@ class Eagle3Head(_EagleHeadBase):
     def draft_weights(self) -> dict[str, Tensor]:
         """The layer's weights by the names a runtime's one-call layer reads (``models.draft_layer``)."""
         return {"norm_e": self.input_norm.weight, "norm_g": self.hidden_norm.weight,
-                "qkv": torch.cat([self.q.weight, self.kv.weight]), "o": self.o.weight,
+                "qkv": self.qkv_weight(), "o": self.o.weight,
                 "mlp_norm": self.post_norm.weight, "gate_up": self.gate_up.weight, "down": self.down.weight}
 
     def inputs(self, g: Tensor, emb: Tensor, lin: Linears = None) -> Tensor:
