@@ -1,8 +1,9 @@
-"""Where a decoding step's time goes at concurrency 16: 16 requests admitted at once into one engine, each
-method twice (methods given comma-separated, e.g. none,auto,ngram-tree), per decoding step (steps that
-carried prompt chunks left out) its milliseconds, those outside the pass, nodes verified and each phase.
+"""Where a decoding step's time goes at concurrency C (default 16): C requests admitted at once into one
+engine, each method twice (methods given comma-separated, e.g. none,auto,ngram-tree), per decoding step
+(steps that carried prompt chunks left out) its milliseconds, those outside the pass, nodes verified and
+each phase.
 
-    .venv/bin/python experiments/batch_steps.py none,auto,ngram-tree
+    .venv/bin/python experiments/batch_steps.py none,auto,ngram-tree [C]
 """
 import sys, time
 from specserve.bench.datasets import sample
@@ -11,9 +12,10 @@ from specserve.bench.runner import encode_all, load_llm
 from specserve.sampling import SamplingParams
 from specserve.stats import Timings
 methods = methods_of(sys.argv[1].split(","), plain_first=False)
-prompts, _ = sample(3, None, None)
-llm = load_llm("default", None, methods, 16, 4096)
-ids = encode_all(llm, [p.text for p in prompts])[:16]
+conc = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+prompts, _ = sample(max(3, -(-conc // 13)), None, None)
+llm = load_llm("default", None, methods, conc, 4096)
+ids = encode_all(llm, [p.text for p in prompts])[:conc]
 for m in methods:
     llm.engine.generate([llm.request(ids[0][:32], 8, SamplingParams(), m.label, m.k)])
 for rnd in range(2):

@@ -176,6 +176,73 @@ def test_a_probed_part_keeps_its_best_root_and_backs_off_when_it_does_not_pay():
     assert ctl.probe(slot, "auto/costly").gap == 2 * gap                       # it did not pay: a longer wait
 
 
+CROWDED_COST = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # one more token costs a whole row
+
+
+def test_a_step_is_crowded_where_one_more_token_costs_most_of_a_row():
+    slots = [Slot(i, "auto", AUTO, 10, 50) for i in range(4)]
+    assert merged_controller().crowding(slots) == pytest.approx(0.001 / (0.013 / 4), rel=1e-6)   # base(5) - base(4) over base(4) / 4
+    assert merged_controller(CROWDED_COST).crowding(slots) == pytest.approx(1.0)
+    ctl = merged_controller()
+    ctl.plan(slots)
+    assert not ctl.crowded
+    ctl = merged_controller(CROWDED_COST)
+    ctl.plan(slots)
+    assert ctl.crowded
+
+
+def test_in_a_crowded_step_a_cheap_part_drafts_only_where_its_drafts_are_kept():
+    slot = Slot(0, "auto", AUTO, 10, 50)
+    calm, crowded = merged_controller(), merged_controller(CROWDED_COST)
+    for ctl in (calm, crowded):                        # cheap to draft: 1% of a pass
+        ctl.observe_draft("auto/cheap", 0.0001, 1)
+        ctl.kept[(0, "auto/cheap")] = 0                # its last draft was not kept
+    assert calm.plan([slot]).parts[0]["cheap"] == 16   # calm: the whole budget, kept or not
+    assert crowded.plan([slot]).parts[0]["cheap"] == 0
+    crowded.kept[(0, "auto/cheap")] = 2
+    assert crowded.plan([slot]).parts[0]["cheap"] == 6                          # near what was kept: 2 * 2 + 2
+    fresh = Slot(1, "auto", AUTO, 10, 50)
+    assert crowded.plan([fresh]).parts[1]["cheap"] == 2                         # a new sequence: a small look
+    plan = crowded.plan([fresh])
+    origins = [{"cheap": 0.3}, {"cheap": 0.3}]         # worth less than the row each node costs
+    props = {1: DraftProposal([1, 2], None, None, [0.3, 0.3], None, origins)}
+    crowded.keep([fresh], props, plan)
+    assert props[1].tokens == [] and crowded.plan([fresh]).parts[1]["cheap"] == 0
+
+
+def test_a_part_probe_succeeds_only_when_the_target_takes_its_node():
+    """A probe's node is kept by force; the probe counts as a success (the wait back to its shortest)
+    only when the target accepted it, else the wait doubles."""
+    ctl = merged_controller(CROWDED_COST)
+    ctl.observe_draft("auto/cheap", 0.0001, 1)
+    slot = Slot(0, "auto", AUTO, 10, 50)
+    ctl.kept[(0, "auto/cheap")] = 0
+    gaps = []
+    for accepted in ([], [], [0]):
+        while (0, "cheap") not in (plan := ctl.plan([slot])).part_probes:
+            assert plan.parts[0]["cheap"] == 0
+            ctl.learn(slot, DraftProposal([]), [], plan)
+        props = {0: DraftProposal([7, 8], None, None, [0.01, 0.01], None, [{"cheap": 0.01}] * 2)}
+        ctl.keep([slot], props, plan)
+        assert props[0].tokens == [7]                                           # the probe: its best root
+        ctl.learn(slot, props[0], accepted, plan)
+        gaps.append(ctl.probe(slot, "auto/cheap").gap)
+        ctl.kept[(0, "auto/cheap")] = 0
+    assert gaps == [16, 32, 8]
+
+
+def test_a_merging_drafter_is_probed_part_by_part_never_as_a_whole():
+    """An idle auto sequence gets no probe of the merged drafter as a whole (which would force a node
+    of whichever part drafted into every pass): only each part's own probe keeps a node."""
+    ctl = merged_controller(CROWDED_COST)
+    slot = Slot(0, "auto", AUTO, 10, 50)
+    for _ in range(40):
+        plan = ctl.plan([slot])
+        assert not plan.probed
+        ctl.keep([slot], {0: DraftProposal([])}, plan)
+        ctl.learn(slot, DraftProposal([]), [], plan)
+
+
 def test_a_new_request_inherits_a_floored_calibration():
     """However badly a part did on earlier requests, a new request starts from at least the floor."""
     acc = AcceptanceModel()

@@ -19,9 +19,14 @@ rule ``keep`` applies).  A drafter whose drafting costs over ``COSTLY`` of a seq
 step's pass (alone: a one-token pass; under load: the batch's pass over its sequences) is asked
 for about twice what was kept of its last draft (two nodes for a new sequence's first, unless its
 drafter's recent probes failed), and for nothing while its drafts are not kept, except to probe.
+Every drafter is asked that way in a **crowded** step, one where a drafted node would cost more than
+``CROWDED`` of a sequence's share of the pass: there only near-certain nodes pay, so a sequence
+whose drafts are not kept stops drafting (and the step stops paying for drafting, merging, pricing
+and feedback that buy nothing) until its drafts are kept again or a probe finds they would be.
 
-A **merging** drafter (``auto``: its ``Traits.parts``) is seen part by part, each part priced as a
-drafter of its own (``specserve.control.parts``, where every part rule is).
+A **merging** drafter (``auto``: its ``Traits.parts``) is seen part by part, each part priced and
+probed as a drafter of its own, never probed as a whole (``specserve.control.parts``, where every
+part rule is).
 
 What a new sequence inherits is bounded: its probe gap starts at its drafter's latest, at most
 ``INHERITED_GAP``, and its calibration prior is floored (``AcceptanceModel``), so one kind of
@@ -41,6 +46,7 @@ from specserve.control.threads import ThreadGovernor
 
 AUTO = "auto"           # a request's draft size when the controller chooses it each step
 COSTLY = 0.05           # drafting this share of a one-token pass is worth doing only when kept
+CROWDED = 0.75          # a drafted node costing this share of a sequence's share of the pass: drafts only when kept
 DRAFT_WEIGHT = 0.2      # of a new measurement in a drafter's decayed seconds per proposal
 FORCED_PRIOR = 0.9      # a drafter label's forced-node acceptance (parent accepted) before any is verified
 FORCED_WEIGHT = 0.05    # of one verified forced node in that decayed rate
@@ -105,13 +111,16 @@ class Controller:
                                                    # its nodes, or 0 when what it added did not pay)
         self.governor = ThreadGovernor(thread_choices) if len(thread_choices) > 1 else None
         self._share: float | None = None           # this step's pass seconds per sequence (``_unit``)
+        self.crowded = False                       # this step is crowded (``crowding``)
         self.parts = PartPricing(self)             # a merging drafter's parts, each priced as a drafter
 
     # ------------------------------------------------------------------ 1. plan
     def plan(self, slots: list[Slot]) -> StepPlan:
         """The step's probes and node budgets."""
         self._share = (self.cost.predict([1] * len(slots), [s.context for s in slots]) / len(slots)) if slots else None
-        plan = StepPlan({}, {s.seq_id for s in slots if s.auto and self._due(s, s.drafter)})
+        self.crowded = bool(slots) and self.crowding(slots) > CROWDED
+        plan = StepPlan({}, {s.seq_id for s in slots             # a merging drafter's parts probe one by one
+                             if s.auto and not self.parts.parts(s) and self._due(s, s.drafter)})
         for s in slots:
             if not s.depth:
                 plan.budgets[s.seq_id] = 0
@@ -128,7 +137,7 @@ class Controller:
         top = min(traits.max_auto_draft, self.max_draft)
         if traits.confidence or not top:
             kept = self._kept(s, key)
-            costly = top and self._costly(key, s)
+            costly = top and self.sparing(key, s)
             if costly and kept is None:
                 return min(top, 2)                        # a new sequence: a small first look
             if costly and kept == 0:
@@ -189,6 +198,20 @@ class Controller:
 
     def _costly(self, key: str, s: Slot) -> bool:
         return self.draft_s.get(key, 0.0) > COSTLY * self._unit(s)
+
+    def sparing(self, key: str, s: Slot) -> bool:
+        """``key`` drafts for ``s`` only near what was kept of its last draft (and to probe): its
+        drafting is costly, or the step is crowded."""
+        return self.crowded or self._costly(key, s)
+
+    def crowding(self, slots: list[Slot]) -> float:
+        """What one more drafted token would add to the batch's pass (every sequence feeding its
+        pending token), over the pass's seconds per sequence; a node at the batch's mean context, priced
+        as a sequence of its own (the same weights' share, and attention over that context)."""
+        contexts = [s.context for s in slots]
+        alone = self.cost.predict([1] * len(slots), contexts)
+        more = self.cost.predict([1] * (len(slots) + 1), contexts + [sum(contexts) // len(contexts)])
+        return (more - alone) / (alone / len(slots)) if alone > 0 else 0.0
 
     # ------------------------------------------------------------------ 2. drafting's cost
     def observe_draft(self, drafter: str, seconds: float, proposals: int) -> None:

@@ -47,7 +47,7 @@ class PartPricing:
         ctl, per = self.ctl, {}
         for part in self.parts(s):
             key = part_key(s.drafter, part)
-            due = ctl._costly(key, s) and ctl._kept(s, key) == 0 and ctl._due(s, key)
+            due = ctl.sparing(key, s) and ctl._kept(s, key) == 0 and ctl._due(s, key)
             per[part] = ctl._budget(s, key, batch, due)
             if due and per[part]:
                 plan.part_probes.add((s.seq_id, part))
@@ -108,8 +108,8 @@ class PartPricing:
             paid = ctl.kept.get((s.seq_id, key), 0) if nodes else 0
             probed = (s.seq_id, part) in plan.part_probes
             state = ctl.probe(s, key)
-            if probed:                          # a probe was made (idle ends); it succeeded if it paid
-                state.update(max(len(nodes), 1), paid, True)
+            if probed:                          # a probe was made (idle ends); it succeeded if the target
+                state.update(max(len(nodes), 1), won, True)     # took its nodes (its node was kept by force)
             else:
                 state.update(paid, paid, False)
             if probed:
