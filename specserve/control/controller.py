@@ -118,7 +118,7 @@ class Controller:
     def plan(self, slots: list[Slot]) -> StepPlan:
         """The step's probes and node budgets."""
         self._share = (self.cost.predict([1] * len(slots), [s.context for s in slots]) / len(slots)) if slots else None
-        self.crowded = bool(slots) and self.crowding(slots) > CROWDED
+        self.crowded = bool(slots) and self.crowding(slots, self._share) > CROWDED
         plan = StepPlan({}, {s.seq_id for s in slots             # a merging drafter's parts probe one by one
                              if s.auto and not self.parts.parts(s) and self._due(s, s.drafter)})
         for s in slots:
@@ -137,12 +137,12 @@ class Controller:
         top = min(traits.max_auto_draft, self.max_draft)
         if traits.confidence or not top:
             kept = self._kept(s, key)
-            costly = top and self.sparing(key, s)
-            if costly and kept is None:
+            sparing = top and self.sparing(key, s)
+            if sparing and kept is None:
                 return min(top, 2)                        # a new sequence: a small first look
-            if costly and kept == 0:
+            if sparing and kept == 0:
                 return min(top, 2) if probe else 0        # not kept last time: small, and only to probe
-            if costly:
+            if sparing:
                 return min(top, 2 * kept + 2)             # near what was kept last
             return top
         return max(self._best_chain(s, key, batch, min(top, s.depth)), 1 if probe else 0)
@@ -204,12 +204,13 @@ class Controller:
         drafting is costly, or the step is crowded."""
         return self.crowded or self._costly(key, s)
 
-    def crowding(self, slots: list[Slot]) -> float:
+    def crowding(self, slots: list[Slot], share: float | None = None) -> float:
         """What one more drafted token would add to the batch's pass (every sequence feeding its
-        pending token), over the pass's seconds per sequence; a node at the batch's mean context, priced
-        as a sequence of its own (the same weights' share, and attention over that context)."""
+        pending token), over the pass's seconds per sequence (``share``, when already predicted); a
+        node at the batch's mean context, priced as a sequence of its own (the same weights' share, and
+        attention over that context)."""
         contexts = [s.context for s in slots]
-        alone = self.cost.predict([1] * len(slots), contexts)
+        alone = share * len(slots) if share is not None else self.cost.predict([1] * len(slots), contexts)
         more = self.cost.predict([1] * (len(slots) + 1), contexts + [sum(contexts) // len(contexts)])
         return (more - alone) / (alone / len(slots)) if alone > 0 else 0.0
 
@@ -279,7 +280,7 @@ class Controller:
             self.parts.learn(s, prop, path, plan)
         elif len(prop):
             self.acceptance.observe(s.drafter, s.seq_id, prop.depth, len(path), None if conf is None else sum(conf))
-        if s.auto:
+        if s.auto and not self.parts.parts(s):          # a merging drafter's probes are its parts' (``plan``)
             state = self.probe(s)
             probed = s.seq_id in plan.probed
             state.update(len(prop), len(path), probed)
