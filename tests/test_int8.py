@@ -18,7 +18,7 @@ from test_native import BLOCKS, K_QUANTS, make_weight
 
 pytestmark = pytest.mark.skipif(not set(nt.REQUIRED_CPU_FLAGS) <= nt.build._cpu_flags(),
                                 reason="this CPU lacks AVX2/FMA/F16C")
-OTHER_PATHS = ["avx512-vnni", "avx-vnni", "avx512-vnni-512"]
+OTHER_PATHS = ["avx512-vnni", "avx-vnni", "avx512-vnni-512", "avx512-vnni-tiles"]
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,8 @@ def test_rows_are_bit_identical_alone_batched_and_at_any_thread_count(fmt):
 
 @pytest.mark.parametrize("path", OTHER_PATHS)
 def test_every_instruction_set_gives_the_avx2_bits(path):
-    """The VNNI paths against the AVX2 path, every format, 1..9 rows and a 64-row prompt chunk, 75
+    """The VNNI paths against the AVX2 path, every format, 1..16 rows (the tiled path switches tiles
+    after 2 and runs up to 12 tokens at once) and a 64-row prompt chunk, 75
     and 83 output rows (10 and 11 row groups: the 512-bit path's pairs, a padded group, an odd one)."""
     if not pk.path_runs(path):
         pytest.skip(f"this CPU cannot run the {path} path: its bits are not checked on this machine")
@@ -103,7 +104,7 @@ def test_every_instruction_set_gives_the_avx2_bits(path):
         w, _ = make_weight(fmt, n, 512 if fmt in K_QUANTS else 256, seed=9)
         p = pk.PackedWeight.pack(w)
         bias = torch.randn(n, generator=torch.Generator().manual_seed(1))
-        for m in (1, 2, 5, 9, 64):
+        for m in (1, 2, 3, 5, 9, 12, 16, 64):
             x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
             pk.set_path("avx2")
             a = nt.linear(x, p, bias)

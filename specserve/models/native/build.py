@@ -33,8 +33,9 @@ SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE
            HERE / "q8.cpp": BASE_ISA, HERE / "logit_ops.cpp": BASE_ISA, HERE / "attention.cpp": BASE_ISA,
            HERE / "attention_avx512.cpp": BASE_ISA + ["-mavx512f"],
            HERE / "q8_vnni512.cpp": VNNI512_ISA, HERE / "q8_vnni512w.cpp": VNNI512_ISA,
+           HERE / "q8_vnni512t.cpp": VNNI512_ISA,
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
-OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_avxvnni.cpp", HERE / "attention_avx512.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
+OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_vnni512t.cpp", HERE / "q8_avxvnni.cpp", HERE / "attention_avx512.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
 HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h",
            HERE / "attention.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]

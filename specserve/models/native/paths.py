@@ -1,5 +1,5 @@
 """The instruction-set paths the kernels choose between at run time: the int8 products (``q8.h``:
-AVX2, AVX512-VNNI on 256- or 512-bit registers, AVX-VNNI) and attention (``attention.h``: AVX2 or
+AVX2, AVX512-VNNI on 256- or 512-bit registers or tiled by the pass, AVX-VNNI) and attention (``attention.h``: AVX2 or
 AVX-512).  Every path of a kernel gives the same bits (each kernel's header says why, and the tests
 check it), so a choice changes speed only.  By default each kernel takes the best path the CPU runs,
 measured once where that depends on how the CPU executes 512-bit operations.
@@ -38,7 +38,8 @@ class PathChoice:
         return next(k for k, v in self.codes.items() if v == code)
 
 
-INT8 = PathChoice("int8", {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2, "avx512-vnni-512": 3},
+INT8 = PathChoice("int8", {"avx2": 0, "avx512-vnni": 1, "avx-vnni": 2, "avx512-vnni-512": 3,
+                           "avx512-vnni-tiles": 4},
                   "ss_q8_path_runs", "ss_q8_set_path", "ss_q8_path")
 ATTENTION = PathChoice("attention", {"avx2": 0, "avx512": 1},
                        "ss_attention_path_runs", "ss_attention_set_path", "ss_attention_path")

@@ -8,6 +8,7 @@
 #include "q8_entry.h"
 
 #include <cmath>
+#include <vector>
 
 #include "blocks.h"
 
@@ -18,7 +19,11 @@ void ss_q8_linear_avxvnni(const int8_t*, const float*, const float*, const int32
                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 void ss_q8_linear_vnni512w(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
                            const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
+void ss_q8_linear_vnni512t(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 double ss_q8_peak_vnni512(int64_t, int, int32_t*);
+double ss_q8_peak_vnni512t(int64_t, int, int32_t*);
+int ss_q8_compiled_vnni512t();
 double ss_q8_peak_avxvnni(int64_t, int, int32_t*);
 double ss_q8_peak_vnni512w(int64_t, int, int32_t*);
 int ss_q8_compiled_vnni512();
@@ -36,8 +41,9 @@ using LinearFn = void (*)(const int8_t*, const float*, const float*, const int32
                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
 using PeakFn = double (*)(int64_t, int, int32_t*);
 struct Path { LinearFn linear; PeakFn peak; };
-const Path kPaths[4] = {{ss_q8_linear_avx2, ss_q8_peak_avx2}, {ss_q8_linear_vnni512, ss_q8_peak_vnni512},
-                        {ss_q8_linear_avxvnni, ss_q8_peak_avxvnni}, {ss_q8_linear_vnni512w, ss_q8_peak_vnni512w}};
+const Path kPaths[5] = {{ss_q8_linear_avx2, ss_q8_peak_avx2}, {ss_q8_linear_vnni512, ss_q8_peak_vnni512},
+                        {ss_q8_linear_avxvnni, ss_q8_peak_avxvnni}, {ss_q8_linear_vnni512w, ss_q8_peak_vnni512w},
+                        {ss_q8_linear_vnni512t, ss_q8_peak_vnni512t}};
 
 bool path_runs(int p) {
   __builtin_cpu_init();
@@ -47,29 +53,17 @@ bool path_runs(int p) {
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     case 2: return ss_q8_compiled_avxvnni() && __builtin_cpu_supports("avxvnni");
     case 3: return ss_q8_compiled_vnni512w() && path_runs(1) && __builtin_cpu_supports("avx512f");
+    case 4: return ss_q8_compiled_vnni512t() && path_runs(1) && __builtin_cpu_supports("avx512f");
     default: return false;
   }
 }
 
-// Seconds one thread takes for a fixed amount of path p's multiply-adds (the best of three tries).
-double peak_seconds(int p) {
-  int32_t sink[1];
-  double best = 1e9;
-  for (int k = 0; k < 3; ++k) {
-    const double t = kPaths[p].peak(1 << 15, 1, sink);
-    best = t < best ? t : best;
-  }
-  return best;
-}
-
-// AVX512-VNNI with 512-bit registers where the CPU runs them at (nearly) twice the 256-bit rate
-// (some split each 512-bit operation in two halves: there the 256-bit tile, which reads one weight
-// stream per thread, is kept); measured once, on the first product.  Then AVX512-VNNI, AVX-VNNI, AVX2.
+// AVX512-VNNI tiled by the pass (path 4: one-token passes on the 8-row tile, longer ones on the
+// 16-row tile, which is faster there even on CPUs that split a 512-bit operation in two halves,
+// since each activation broadcast and weight step serves twice the rows); then AVX-VNNI, AVX2.
+// Paths 1 and 3 stay selectable (set_path) to compare against.
 int best_path() {
-  static const int best = [] {
-    if (path_runs(3) && peak_seconds(3) * 1.5 < peak_seconds(1)) return 3;
-    return path_runs(1) ? 1 : path_runs(2) ? 2 : 0;
-  }();
+  static const int best = path_runs(4) ? 4 : path_runs(1) ? 1 : path_runs(2) ? 2 : 0;
   return best;
 }
 int g_path = -1;   // -1: not chosen yet (the best the CPU runs)
@@ -356,7 +350,12 @@ void ss_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
 void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pfmt, int64_t N, const float* bias,
                   float* y, int accumulate) {
   const int64_t nb = K / 32;
-  uint8_t* buf = static_cast<uint8_t*>(std::malloc(M * K + M * nb * 16 + 64));
+  // The quantized activations: one buffer per calling thread, grown as needed and kept, so a pass's
+  // linears allocate nothing.
+  thread_local std::vector<uint8_t> kept;
+  const size_t need = static_cast<size_t>(M * K + M * nb * 16 + 64);
+  if (kept.size() < need) kept.resize(need);
+  uint8_t* buf = kept.data();
   int8_t* q = reinterpret_cast<int8_t*>(buf);
   float* d = reinterpret_cast<float*>(buf + ((M * K + 15) / 16) * 16);
   float* sx = d + M * nb;
@@ -371,7 +370,6 @@ void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pf
   } else {
     linear(q, d, sx, hs, M, K, w, pfmt, N, N, bias, y, accumulate, threads());
   }
-  std::free(buf);
 }
 
 }  // extern "C"

@@ -3,7 +3,9 @@
 // output rows (see PACKED LAYOUT below) with integer dot products.
 //
 // Included once per instruction-set path (SS_Q8_PATH: 0 AVX2, 1 AVX512-VNNI on 256-bit registers,
-// 2 AVX-VNNI, 3 AVX512-VNNI on 512-bit registers: q8_wide.h), each time compiled with that path's flags; everything here has internal linkage so the
+// 2 AVX-VNNI, 3 AVX512-VNNI on 512-bit registers: q8_wide.h, 4 AVX512-VNNI tiled by the pass: this
+// file's tile for one or two tokens, q8_wide.h's over block-major activations for more), each time
+// compiled with that path's flags; everything here has internal linkage so the
 // paths never share a compiled function (a shared inline helper built with AVX-512 flags could
 // otherwise be picked by the linker for the AVX2 path).
 //
@@ -159,6 +161,11 @@ struct Act {
   const float* sx;
   const int32_t* hs;   // [M, nb, 2]
   int64_t K, nb;
+  // Token m0's bytes of block b, the distance to the next token's, and the index of (block b, token m)
+  // in d, sx (and hs / 2): the view every tile reads activations through (q8_wide.h has another).
+  const int8_t* block(int64_t b, int64_t m0) const { return q + m0 * K + b * 32; }
+  int64_t token_stride() const { return K; }
+  int64_t at(int64_t b, int64_t m) const { return m * nb + b; }
 };
 
 // The 32 value bytes of step s (0..7) of a block: lane r = row r's values 4s .. 4s+3.
@@ -190,7 +197,7 @@ constexpr bool kPairSums16 = SS_Q8_PAIR16 && SS_Q8_PATH == 0;   // faster there;
 // the sign trick) and y (signed, |y| <= 127).
 template <class P>
 inline __m256i dot4(__m256i acc, __m256i w, __m256i y) {
-#if SS_Q8_PATH == 1 || SS_Q8_PATH == 3
+#if SS_Q8_PATH == 1 || SS_Q8_PATH >= 3
   return _mm256_dpbusd_epi32(acc, w, y);
 #elif SS_Q8_PATH == 2
   return _mm256_dpbusd_avx_epi32(acc, w, y);
@@ -341,11 +348,12 @@ inline void tile(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int
 }
 
 // Tokens per run of a tile: AVX2 has 16 vector registers, the AVX-512 paths 32 (any number gives the
-// same bits); the AVX512-VNNI paths' tiles of up to 12 tokens run one chain of sums (kTwoChains), so a
+// same bits; 16 were slower than 12 on the 16-row tile, whose accumulators then fill every register);
+// the AVX512-VNNI paths' tiles of up to 12 tokens run one chain of sums (kTwoChains), so a
 // 9-token verification pass reads and unpacks each block once, not in runs of 5 + 4.  One row group per tile: two (in 256- or 512-bit registers) were slower here, most at
 // 1-4 tokens, where one weight stream per thread reads fastest.
 #ifndef SS_Q8_MB
-#define SS_Q8_MB (SS_Q8_PATH == 1 || SS_Q8_PATH == 3 ? 12 : 4)
+#define SS_Q8_MB (SS_Q8_PATH == 1 || SS_Q8_PATH >= 3 ? 12 : 4)
 #endif
 constexpr int MB_MAX = SS_Q8_MB;
 
@@ -370,6 +378,10 @@ inline void token_runs(int64_t M, F&& f) {
       case 10: if constexpr (MB_MAX >= 10) f(std::integral_constant<int, 10>{}, m); break;
       case 11: if constexpr (MB_MAX >= 11) f(std::integral_constant<int, 11>{}, m); break;
       case 12: if constexpr (MB_MAX >= 12) f(std::integral_constant<int, 12>{}, m); break;
+      case 13: if constexpr (MB_MAX >= 13) f(std::integral_constant<int, 13>{}, m); break;
+      case 14: if constexpr (MB_MAX >= 14) f(std::integral_constant<int, 14>{}, m); break;
+      case 15: if constexpr (MB_MAX >= 15) f(std::integral_constant<int, 15>{}, m); break;
+      case 16: if constexpr (MB_MAX >= 16) f(std::integral_constant<int, 16>{}, m); break;
       default: break;
     }
     m += size;

@@ -15,7 +15,7 @@ int SS_Q8_COMPILED() { return 0; }
 }
 #else
 #include "q8.h"
-#if SS_Q8_PATH == 3
+#if SS_Q8_PATH >= 3
 #include "q8_wide.h"
 #endif
 
@@ -29,8 +29,15 @@ extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, co
   const Act a{q, d, sx, hs, K, K / 32};
   // the packed formats: 16 + the GGUF format's id (simd.h)
   with_format(fmt - 16, [&](auto p) {
-#if SS_Q8_PATH == 3
-    packed_linear_wide<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
+#if SS_Q8_PATH == 4   // up to 2 tokens (memory-bound): one weight stream per thread reads fastest
+    if (M <= 2) {
+      packed_linear<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
+    } else {
+      thread_local std::vector<uint8_t> runs;
+      packed_linear_wide<decltype(p)>(a, block_major(a, M, runs), M, w, N, ldy, bias, y, accumulate != 0, threads);
+    }
+#elif SS_Q8_PATH == 3
+    packed_linear_wide<decltype(p)>(a, a, M, w, N, ldy, bias, y, accumulate != 0, threads);
 #else
     packed_linear<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
 #endif
@@ -50,7 +57,7 @@ extern "C" double SS_Q8_PEAK(int64_t iters, int threads, int32_t* sink) {
       a[r] = _mm256_set1_epi32(r);
       w[r] = _mm256_set1_epi8(static_cast<char>(r + 1));
     }
-#if SS_Q8_PATH == 3     // 512-bit steps, twice the work each: half the rounds
+#if SS_Q8_PATH >= 3     // 512-bit steps, twice the work each: half the rounds
     __m512i z[8], zw[8];
     for (int r = 0; r < 8; ++r) {
       z[r] = _mm512_set1_epi32(r);

@@ -12,6 +12,8 @@
 
 #pragma once
 
+#include <vector>
+
 namespace {
 
 // Two 256-bit halves as one register: lo in lanes 0-7, hi in 8-15.
@@ -44,9 +46,51 @@ inline __m512i unbias2(__m512i raw, int32_t qsum) {
   return _mm512_sub_epi32(raw, _mm512_set1_epi32(P::bias * qsum));
 }
 
-// MB tokens x the 16 output rows of groups g, g+1 (q8.h's tile, two groups wide).
-template <class P, int MB>
-inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t m0, float* y, int64_t N,
+// Path 4 prefetches both weight streams ahead in the order a thread reads them; path 3 keeps its
+// first prefetch (each stream's address plus the distance), which near a group's end fetches the
+// pair's other group, already being read, and never the next pair's second group.
+constexpr bool kFollowStreams = SS_Q8_PATH == 4;
+
+// The same activations block-major (path 4): block b's 32 bytes of tokens 0 .. M-1 side by side, and
+// their d, sx and hs likewise, so a tile reaches each of its tokens at a fixed offset from one
+// pointer (row-major, each token needs a pointer of its own: with 12 tokens they crowd out the
+// registers the loop needs).  Exact copies: the products are the same.
+struct ActRuns {
+  const int8_t* q;       // [nb, M, 32]
+  const float* d;        // [nb, M]
+  const float* sx;       // [nb, M]
+  const int32_t* hs;     // [nb, M, 2]
+  int64_t M, nb;
+  const int8_t* block(int64_t b, int64_t m0) const { return q + (b * M + m0) * 32; }
+  static constexpr int64_t token_stride() { return 32; }
+  int64_t at(int64_t b, int64_t m) const { return b * M + m; }
+};
+
+// a (row-major) copied block-major into buf, which is grown as needed.
+inline ActRuns block_major(const Act& a, int64_t M, std::vector<uint8_t>& buf) {
+  const int64_t nb = a.nb, n = nb * M;
+  const size_t need = static_cast<size_t>(n * 32 + n * 16 + 64);
+  if (buf.size() < need) buf.resize(need);
+  int8_t* q = reinterpret_cast<int8_t*>(buf.data());
+  float* d = reinterpret_cast<float*>(buf.data() + n * 32);
+  float* sx = d + n;
+  int32_t* hs = reinterpret_cast<int32_t*>(sx + n);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t i = b * M + m, j = m * nb + b;
+      std::memcpy(q + 32 * i, a.q + m * a.K + 32 * b, 32);
+      d[i] = a.d[j];
+      sx[i] = a.sx[j];
+      hs[2 * i] = a.hs[2 * j];
+      hs[2 * i + 1] = a.hs[2 * j + 1];
+    }
+  return ActRuns{q, d, sx, hs, M, nb};
+}
+
+// MB tokens x the 16 output rows of groups g, g+1 (q8.h's tile, two groups wide), activations read
+// through view A (Act or ActRuns).
+template <class P, int MB, class A>
+inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const A& a, int64_t m0, float* y, int64_t N,
                   int64_t ldy, const float* bias, bool accumulate) {
   constexpr int BB = block_bytes<P>(), HO = halves_offset<P>();
   __m512 acc[MB];
@@ -56,11 +100,23 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
     const uint8_t* g0 = w + g * gstride;
     const uint8_t* b0 = g0 + block_offset_for(SS_PQ(P), b);
     const uint8_t* b1 = b0 + gstride;
-    for (int l = 0; l < BB; l += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(b0 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b1 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
+    if constexpr (kFollowStreams) {
+      // Both streams ahead in the order this thread reads them: past the pair's end, into the next
+      // pair's two groups (a thread's pairs are contiguous), not into the other group of this pair.
+      int64_t ahead = block_offset_for(SS_PQ(P), b) + SS_Q8_PREFETCH;
+      const uint8_t* p0 = g0;
+      if (ahead >= gstride) { ahead -= gstride; p0 += 2 * gstride; }
+      for (int l = 0; l < BB; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(p0 + ahead + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p0 + gstride + ahead + l), _MM_HINT_T0);
+      }
+    } else {
+      for (int l = 0; l < BB; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(b0 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b1 + SS_Q8_PREFETCH + l), _MM_HINT_T0);
+      }
     }
-    const int8_t* x = a.q + m0 * a.K + b * 32;
+    const int8_t* x = a.block(b, m0);                 // token i's block: x + i * a.token_stride()
     __m512i I[MB], odd[MB], half[MB];
 #pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) I[i] = odd[i] = _mm512_setzero_si512();
@@ -69,7 +125,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
       const __m512i wv = step_values2<P>(b0, b1, s);
 #pragma GCC unroll 16
       for (int i = 0; i < MB; ++i) {
-        const __m512i yb = _mm512_set1_epi32(load4(x + i * a.K + 4 * s));
+        const __m512i yb = _mm512_set1_epi32(load4(x + i * a.token_stride() + 4 * s));
         if (kTwoChains<MB> && (s & 1)) odd[i] = _mm512_dpbusd_epi32(odd[i], wv, yb);
         else I[i] = _mm512_dpbusd_epi32(I[i], wv, yb);
       }
@@ -93,7 +149,7 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MB; ++i) {
-      const int64_t ab = (m0 + i) * a.nb + b;
+      const int64_t ab = a.at(b, m0 + i);
       __m512i sum = _mm512_add_epi32(I[i], odd[i]);
       if constexpr (P::halves) {
         const __m512i lo = unbias2<P>(half[i], a.hs[2 * ab]), hi = unbias2<P>(sum, a.hs[2 * ab + 1]);
@@ -124,21 +180,21 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, in
 }
 
 // All M tokens against groups g, g+1, in q8.h's token_runs.
-template <class P>
-inline void tokens_tile2(const uint8_t* w, int64_t gstride, int64_t g, const Act& a, int64_t M, float* y, int64_t N,
+template <class P, class A>
+inline void tokens_tile2(const uint8_t* w, int64_t gstride, int64_t g, const A& a, int64_t M, float* y, int64_t N,
                          int64_t ldy, const float* bias, bool acc) {
   token_runs(M, [&](auto mb, int64_t m) { tile2<P, decltype(mb)::value>(w, gstride, g, a, m, y, N, ldy, bias, acc); });
 }
 
-// Every token against every group, groups in pairs split over the threads (an odd last group on the
-// 256-bit tile).
-template <class P>
-void packed_linear_wide(const Act& a, int64_t M, const uint8_t* w, int64_t N, int64_t ldy, const float* bias, float* y,
-                        bool acc, int threads) {
+// Every token against every group, groups in pairs split over the threads, reading the activations
+// through view `pairs_view` (an odd last group on the 256-bit tile, through `a`).
+template <class P, class A>
+void packed_linear_wide(const Act& a, const A& pairs_view, int64_t M, const uint8_t* w, int64_t N, int64_t ldy,
+                        const float* bias, float* y, bool acc, int threads) {
   const int64_t groups = (N + 7) / 8, pairs = groups / 2, gstride = group_bytes<P>(a.nb);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k <= pairs; ++k) {
-    if (k < pairs) tokens_tile2<P>(w, gstride, 2 * k, a, M, y, N, ldy, bias, acc);
+    if (k < pairs) tokens_tile2<P>(w, gstride, 2 * k, pairs_view, M, y, N, ldy, bias, acc);
     else if (groups % 2) tokens_tile<P>(w, gstride, groups - 1, a, M, y, N, ldy, bias, acc);
   }
 }
