@@ -166,6 +166,9 @@ struct Act {
   const int8_t* block(int64_t b, int64_t m0) const { return q + m0 * K + b * 32; }
   int64_t token_stride() const { return K; }
   int64_t at(int64_t b, int64_t m) const { return m * nb + b; }
+  // The bias correction's bias * sum(qx) at index ab: over the first half (h 0), the second (1), all (2).
+  template <class P>
+  int32_t bias_sum(int64_t ab, int h) const { return P::bias * (h < 2 ? hs[2 * ab + h] : hs[2 * ab] + hs[2 * ab + 1]); }
 };
 
 // The 32 value bytes of step s (0..7) of a block: lane r = row r's values 4s .. 4s+3.

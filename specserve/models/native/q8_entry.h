@@ -34,7 +34,7 @@ extern "C" void SS_Q8_ENTRY(const int8_t* q, const float* d, const float* sx, co
       packed_linear<decltype(p)>(a, M, w, N, ldy, bias, y, accumulate != 0, threads);
     } else {
       thread_local std::vector<uint8_t> runs;
-      packed_linear_wide<decltype(p)>(a, block_major(a, M, runs), M, w, N, ldy, bias, y, accumulate != 0, threads);
+      packed_linear_wide<decltype(p)>(a, block_major<decltype(p)>(a, M, runs), M, w, N, ldy, bias, y, accumulate != 0, threads);
     }
 #elif SS_Q8_PATH == 3
     packed_linear_wide<decltype(p)>(a, a, M, w, N, ldy, bias, y, accumulate != 0, threads);

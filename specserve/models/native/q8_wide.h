@@ -8,7 +8,9 @@
 // every output equals the 256-bit paths' bit for bit.  Groups are taken in pairs; an odd last group
 // runs on q8.h's 256-bit tile.
 //
-// Included by q8_entry.h after q8.h, for path 3 only.
+// Included by q8_entry.h after q8.h, for paths 3 and 4.  Path 4 (tiled by the pass) reads the
+// activations block-major (ActRuns) and prefetches both weight streams in the order it reads them;
+// path 3 keeps its first form (row-major activations, each stream's own prefetch) to compare against.
 
 #pragma once
 
@@ -40,10 +42,11 @@ inline __m512i step_values2(const uint8_t* b0, const uint8_t* b1, int s) {
   }
 }
 
+// raw - bias * sum(qx), given that product (the view's bias_sum).
 template <class P>
-inline __m512i unbias2(__m512i raw, int32_t qsum) {
+inline __m512i unbias2(__m512i raw, int32_t bias_sum) {
   if constexpr (P::bias == 0) return raw;
-  return _mm512_sub_epi32(raw, _mm512_set1_epi32(P::bias * qsum));
+  return _mm512_sub_epi32(raw, _mm512_set1_epi32(bias_sum));
 }
 
 // Path 4 prefetches both weight streams ahead in the order a thread reads them; path 3 keeps its
@@ -59,32 +62,34 @@ struct ActRuns {
   const int8_t* q;       // [nb, M, 32]
   const float* d;        // [nb, M]
   const float* sx;       // [nb, M]
-  const int32_t* hs;     // [nb, M, 2]
+  const int32_t* bhs;    // [nb, M, 3]: Act::bias_sum's three values for the format copied for
   int64_t M, nb;
   const int8_t* block(int64_t b, int64_t m0) const { return q + (b * M + m0) * 32; }
   static constexpr int64_t token_stride() { return 32; }
   int64_t at(int64_t b, int64_t m) const { return b * M + m; }
+  template <class P>
+  int32_t bias_sum(int64_t ab, int h) const { return bhs[3 * ab + h]; }
 };
 
-// a (row-major) copied block-major into buf, which is grown as needed.
+// a (row-major) copied block-major into buf (grown as needed), with format P's bias sums.
+template <class P>
 inline ActRuns block_major(const Act& a, int64_t M, std::vector<uint8_t>& buf) {
   const int64_t nb = a.nb, n = nb * M;
-  const size_t need = static_cast<size_t>(n * 32 + n * 16 + 64);
+  const size_t need = static_cast<size_t>(n * 32 + n * 20 + 64);
   if (buf.size() < need) buf.resize(need);
   int8_t* q = reinterpret_cast<int8_t*>(buf.data());
   float* d = reinterpret_cast<float*>(buf.data() + n * 32);
   float* sx = d + n;
-  int32_t* hs = reinterpret_cast<int32_t*>(sx + n);
+  int32_t* bhs = reinterpret_cast<int32_t*>(sx + n);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t i = b * M + m, j = m * nb + b;
       std::memcpy(q + 32 * i, a.q + m * a.K + 32 * b, 32);
       d[i] = a.d[j];
       sx[i] = a.sx[j];
-      hs[2 * i] = a.hs[2 * j];
-      hs[2 * i + 1] = a.hs[2 * j + 1];
+      for (int h = 0; h < 3; ++h) bhs[3 * i + h] = a.bias_sum<P>(j, h);
     }
-  return ActRuns{q, d, sx, hs, M, nb};
+  return ActRuns{q, d, sx, bhs, M, nb};
 }
 
 // MB tokens x the 16 output rows of groups g, g+1 (q8.h's tile, two groups wide), activations read
@@ -152,10 +157,11 @@ inline void tile2(const uint8_t* w, int64_t gstride, int64_t g, const A& a, int6
       const int64_t ab = a.at(b, m0 + i);
       __m512i sum = _mm512_add_epi32(I[i], odd[i]);
       if constexpr (P::halves) {
-        const __m512i lo = unbias2<P>(half[i], a.hs[2 * ab]), hi = unbias2<P>(sum, a.hs[2 * ab + 1]);
+        const __m512i lo = unbias2<P>(half[i], a.template bias_sum<P>(ab, 0));
+        const __m512i hi = unbias2<P>(sum, a.template bias_sum<P>(ab, 1));
         sum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc0), _mm512_mullo_epi32(hi, sc1));
       } else {
-        sum = unbias2<P>(sum, a.hs[2 * ab] + a.hs[2 * ab + 1]);
+        sum = unbias2<P>(sum, a.template bias_sum<P>(ab, 2));
       }
       const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[ab]));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, acc[i]);
