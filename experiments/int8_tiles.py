@@ -29,13 +29,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def part_macs(cfg) -> dict[str, int]:
-    """Multiply-adds per token of each linear part (all layers)."""
-    h, i, d, L = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
-    return {"qkv": L * h * d * (cfg.num_heads + 2 * cfg.num_kv_heads), "o": L * cfg.num_heads * d * h,
-            "gate_up": L * 2 * i * h, "down": L * i * h, "lm_head": cfg.vocab_size * h}
-
-
 def attainable(path: str, tokens: int = 16, reps: int = 200) -> float:
     """Multiply-adds/s of path's product over a cache-resident Q4_K weight (see the docstring)."""
     from test_native import make_weight
@@ -65,7 +58,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--json")
     args = ap.parse_args()
-    from specserve.bench.profile import profile_pass
+    from specserve.bench.profile import part_macs, profile_pass
     from specserve.host import cpu_info
     from specserve.models import RuntimeOptions
     from specserve.models.loader import load_model

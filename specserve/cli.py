@@ -202,7 +202,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
     from specserve.bench.costs import cost_curve, roofline
-    from specserve.bench.profile import format_profile, profile_pass, runtime_name
+    from specserve.bench.profile import format_profile, format_rates, part_macs, part_rates, profile_pass, runtime_name
     from specserve.bench.report import cost_table, roofline_line
     from specserve.control import calibrate
     from specserve.models.loader import RuntimeOptions, load_model
@@ -218,15 +218,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for opts in runtimes:                          # each runtime loaded once, measured every way
         lm = load_model(args.model, opts)
         name = runtime_name(lm)
-        for t in tokens:
-            rows.append(profile_pass(lm, t, args.context, args.reps, args.batch))
+        mine = [profile_pass(lm, t, args.context, args.reps, args.batch) for t in tokens]
         if batches:
             curves[name] = cost_curve(lm, tokens, batches, args.context)
-        rooflines.append(f"\nroofline ({name}):" + roofline_line(roofline(lm)))
+        roof = roofline(lm)
+        rooflines.append(f"\nroofline ({name}):" + roofline_line(roof))
+        ceiling = roof["int8_multiply_adds_per_s"] if roof.get("activations") == "int8" else roof["multiply_adds_per_s"]
+        if ceiling == ceiling:                     # nan without the native kernels: no ceiling to compare with
+            for row in mine:
+                row["rates"] = part_rates(row, part_macs(lm.config), ceiling, roof["weight_bytes"],
+                                          roof["bandwidth_bytes_per_s"])
+        rows.extend(mine)
         cost_models.append("\n".join([f"\ncost model the engine calibrates ({name}): a pass of N tokens at "
                                        "context 64, and the attention term", *calibrate(lm.model).describe()]))
         del lm
     print(format_profile(rows))
+    rated = [r for r in rows if "rates" in r]
+    if rated:
+        print("\nagainst the multiply-add ceiling of each runtime's activations and the pass's floor (the "
+              "roofline below):\n" + format_rates(rated))
     print("\n".join(rooflines))
     print("\n".join(cost_models))
     for kernels, curve in curves.items():

@@ -57,6 +57,42 @@ def profile_pass(lm: LoadedModel, tokens: int = 1, context: int = 256, reps: int
             "pass_ms": 1e3 * total, "wrapped_pass_ms": 1e3 * wrapped, "parts_ms": parts}
 
 
+LINEAR_PARTS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def part_macs(cfg) -> dict[str, int]:
+    """Multiply-adds per token of each linear part, over all layers (``cfg``: a ModelConfig)."""
+    h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_layers
+    return {"qkv": layers * h * d * (cfg.num_heads + 2 * cfg.num_kv_heads), "o": layers * cfg.num_heads * d * h,
+            "gate_up": layers * 2 * cfg.intermediate_size * h, "down": layers * cfg.intermediate_size * h,
+            "lm_head": cfg.vocab_size * h}
+
+
+def part_rates(row: dict, macs: dict[str, int], ceiling: float, weight_bytes: int, bandwidth: float) -> dict:
+    """What a profiled pass (``profile_pass``'s row) did against the machine: each linear part's
+    multiply-adds per second and its fraction of ``ceiling`` (multiply-adds/s, the activations'
+    register-only ceiling measured in the same run), and the pass's floor: the longer of reading the
+    weights once at ``bandwidth`` (bytes/s) and doing every token's multiply-adds at the ceiling."""
+    n = row["tokens"] * row["batch"]
+    rates = {p: n * macs[p] / (row["parts_ms"][p] / 1e3) for p in LINEAR_PARTS if row["parts_ms"].get(p, 0) > 0}
+    memory_ms, compute_ms = 1e3 * weight_bytes / bandwidth, 1e3 * n * sum(macs.values()) / ceiling
+    return {"multiply_adds_per_s": rates, "of_ceiling": {p: r / ceiling for p, r in rates.items()},
+            "floor_ms": max(memory_ms, compute_ms), "floor": "memory" if memory_ms >= compute_ms else "arithmetic"}
+
+
+def format_rates(rows: list[dict]) -> str:
+    """A markdown table of each row's ``rates`` (``part_rates``): per linear part the percentage of the
+    ceiling, then the pass's floor and the measured pass against it."""
+    head = "| % of the multiply-add ceiling | " + " | ".join(f"{r['runtime']['name']} b{r['batch']} t{r['tokens']}" for r in rows) + " |"
+    lines = [head, "|---|" + "---:|" * len(rows)]
+    for p in LINEAR_PARTS:
+        lines.append(f"| {p} | " + " | ".join(f"{100 * r['rates']['of_ceiling'][p]:.0f}%" if p in r["rates"]["of_ceiling"]
+                                             else "-" for r in rows) + " |")
+    lines.append("| floor of the pass (ms) | " + " | ".join(f"{r['rates']['floor_ms']:.2f} ({r['rates']['floor']})" for r in rows) + " |")
+    lines.append("| pass over its floor | " + " | ".join(f"{r['pass_ms'] / r['rates']['floor_ms']:.2f}x" for r in rows) + " |")
+    return "\n".join(lines)
+
+
 def format_profile(rows: list[dict]) -> str:
     """A markdown table: one column per profiled pass."""
     head = "| part (ms) | " + " | ".join(f"{r['runtime']['name']} b{r['batch']} t{r['tokens']}" for r in rows) + " |"
