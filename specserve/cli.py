@@ -225,9 +225,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         rooflines.append(f"\nroofline ({name}):" + roofline_line(roof))
         ceiling = roof["int8_multiply_adds_per_s"] if roof.get("activations") == "int8" else roof["multiply_adds_per_s"]
         if ceiling == ceiling:                     # nan without the native kernels: no ceiling to compare with
+            macs = part_macs(lm.config)
             for row in mine:
-                row["rates"] = part_rates(row, part_macs(lm.config), ceiling, roof["weight_bytes"],
-                                          roof["bandwidth_bytes_per_s"])
+                row["rates"] = part_rates(row, macs, ceiling, roof["weight_bytes"], roof["bandwidth_bytes_per_s"])
         rows.extend(mine)
         cost_models.append("\n".join([f"\ncost model the engine calibrates ({name}): a pass of N tokens at "
                                        "context 64, and the attention term", *calibrate(lm.model).describe()]))

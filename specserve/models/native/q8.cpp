@@ -58,8 +58,8 @@ bool path_runs(int p) {
   }
 }
 
-// AVX512-VNNI tiled by the pass (path 4: one-token passes on the 8-row tile, longer ones on the
-// 16-row tile, which is faster there even on CPUs that split a 512-bit operation in two halves,
+// AVX512-VNNI tiled by the pass (path 4: passes of one or two tokens on the 8-row tile, longer ones on
+// the 16-row tile, which is faster there even on CPUs that split a 512-bit operation in two halves,
 // since each activation broadcast and weight step serves twice the rows); then AVX-VNNI, AVX2.
 // Paths 1 and 3 stay selectable (set_path) to compare against.
 int best_path() {

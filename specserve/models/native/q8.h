@@ -381,10 +381,6 @@ inline void token_runs(int64_t M, F&& f) {
       case 10: if constexpr (MB_MAX >= 10) f(std::integral_constant<int, 10>{}, m); break;
       case 11: if constexpr (MB_MAX >= 11) f(std::integral_constant<int, 11>{}, m); break;
       case 12: if constexpr (MB_MAX >= 12) f(std::integral_constant<int, 12>{}, m); break;
-      case 13: if constexpr (MB_MAX >= 13) f(std::integral_constant<int, 13>{}, m); break;
-      case 14: if constexpr (MB_MAX >= 14) f(std::integral_constant<int, 14>{}, m); break;
-      case 15: if constexpr (MB_MAX >= 15) f(std::integral_constant<int, 15>{}, m); break;
-      case 16: if constexpr (MB_MAX >= 16) f(std::integral_constant<int, 16>{}, m); break;
       default: break;
     }
     m += size;

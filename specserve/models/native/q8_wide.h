@@ -62,7 +62,7 @@ struct ActRuns {
   const int8_t* q;       // [nb, M, 32]
   const float* d;        // [nb, M]
   const float* sx;       // [nb, M]
-  const int32_t* bhs;    // [nb, M, 3]: Act::bias_sum's three values for the format copied for
+  const int32_t* bhs;    // [nb, M, 3]: Act::bias_sum's three values, for the format the copy was made for
   int64_t M, nb;
   const int8_t* block(int64_t b, int64_t m0) const { return q + (b * M + m0) * 32; }
   static constexpr int64_t token_stride() { return 32; }
