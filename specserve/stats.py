@@ -54,6 +54,8 @@ class RequestStats(Timings):
     drafter_faults: int = 0           # 1 when its drafter raised and it continued by plain decoding
     step_predicted_s: list[float] = field(default_factory=list)     # auto steps: the cost model's prediction
     step_measured_s: list[float] = field(default_factory=list)      # ... and the measured target pass
+    share_s: float = 0.0              # its steps' seconds, each shared equally by the sequences it advanced
+                                      # (summed over requests: the engine's busy time; a bench's per-prompt cost)
 
     def record_step(self, nodes: int, depth: int, accepted: int, forced: int = 0, forced_accepted: int = 0) -> None:
         """Count one verification pass over a draft of ``nodes`` nodes reaching ``depth`` (a chain

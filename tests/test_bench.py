@@ -5,6 +5,7 @@ toy tokenizer."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from specserve.bench.metrics import (acceptance_by_depth, inter_token_latencies, mean_accepted_length,
@@ -203,8 +204,34 @@ def test_bench_interleaved_rounds_in_rotated_order(tiny_cli, tmp_path, capsys):
         assert s["seconds"] == pytest.approx(secs) and s["identical"] == 4       # greedy: plain's tokens
         assert s["speedup"] == pytest.approx(doc["summary"]["none"]["seconds"] / secs)
     s = doc["summary"]
-    assert lines[-1] == (f"c=2 prompts=4 rounds=2: ngram:k=3 {s['ngram:k=3']['speedup']:.3f}x (4/4 identical), "
-                         f"ngram-tree:k=4 {s['ngram-tree:k=4']['speedup']:.3f}x (4/4 identical)")
+    assert all(len(r["shares"]) == 4 and all(x > 0 for x in r["shares"]) for r in doc["runs"])
+    assert s["none"]["interval"] == [1.0, 1.0]                  # plain against itself: the same draws
+    iv = {k: "{:.3f}-{:.3f}".format(*s[k]["interval"]) for k in s}
+    assert lines[-1] == (f"c=2 prompts=4 rounds=2: ngram:k=3 {s['ngram:k=3']['speedup']:.3f}x [90%: "
+                         f"{iv['ngram:k=3']}] (4/4 identical), ngram-tree:k=4 "
+                         f"{s['ngram-tree:k=4']['speedup']:.3f}x [90%: {iv['ngram-tree:k=4']}] (4/4 identical)")
+
+
+def test_bootstrap_ratio_by_hand():
+    """A method at exactly half plain decoding's cost in every cell: the interval is the point, 2x.
+    Prompts whose costs differ widely, each in the same ratio: still exact (the same draw on both
+    sides).  Rounds where the ratio is 0.5x and 2x: the interval spans both.  Noise of 10% per cell
+    over 3 rounds x 48 prompts around a true 1.2x: the 90% interval holds 1.2 and is under 0.1 wide
+    (seeded, so the bounds are fixed numbers; shapes that disagree are refused)."""
+    from specserve.bench.interleaved import bootstrap_ratio
+
+    plain = np.arange(1.0, 13.0).reshape(3, 4)
+    assert bootstrap_ratio(plain, plain / 2) == pytest.approx((2.0, 2.0))
+    lo, hi = bootstrap_ratio(np.array([[1.0] * 4, [1.0] * 4]), np.array([[2.0] * 4, [0.5] * 4]))
+    assert lo == pytest.approx(0.5) and hi == pytest.approx(2.0)
+    rng = np.random.default_rng(3)
+    method = rng.uniform(1, 3, size=(3, 48))
+    noisy = 1.2 * method * rng.uniform(0.9, 1.1, size=(3, 48))
+    lo, hi = bootstrap_ratio(noisy, method)
+    assert lo < 1.2 < hi and hi - lo < 0.1
+    assert bootstrap_ratio(noisy, method) == (lo, hi)
+    with pytest.raises(ValueError, match="rounds, prompts"):
+        bootstrap_ratio(plain, plain[:, :3])
 
 
 def test_bench_steps_counts_decoding_steps_by_phase(tiny_cli, tmp_path, capsys):

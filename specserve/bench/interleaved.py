@@ -7,6 +7,12 @@ slow spell of a shared machine falls on every method alike; every drafter's memo
 is emptied before each run.  The prompts: every (N / ``num_prompts``)-th of the N in the file (default
 Spec-Bench's), free text, greedy.  A method's speed-up is plain decoding's seconds over its own,
 summed over the rounds; its identity count compares its first round's tokens with plain decoding's.
+
+Its interval (``bootstrap_ratio``): each request's cost is its share of the engine's steps (a step's
+seconds split equally among the sequences it advanced, ``RequestStats.share_s``); prompts and rounds
+are resampled with replacement, the same draw for plain decoding and the method, and the ratio of
+the summed costs taken each time: a 90% interval over both the prompts' spread and the machine's
+drift from round to round.
 """
 
 from __future__ import annotations
@@ -15,12 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from specserve.bench.datasets import load_jsonl, rotation
 from specserve.bench.runner import Method, encode_all, load_llm
 from specserve.errors import SpecserveError
 from specserve.sampling import SamplingParams
 
 MAX_LEN = 2048          # context length of the engine
+BOOTSTRAP = 2000        # resamples behind each interval
+LEVEL = 0.90            # the interval's coverage
 
 
 @dataclass
@@ -54,6 +64,27 @@ def strided(num_prompts: int, path: str | None) -> list[str]:
     return [p.text for p in prompts[::len(prompts) // num_prompts][:num_prompts]]
 
 
+def bootstrap_ratio(plain: np.ndarray, method: np.ndarray, level: float = LEVEL, reps: int = BOOTSTRAP,
+                    seed: int = 0) -> tuple[float, float]:
+    """The ``level`` interval of sum(plain) / sum(method), resampling rounds and prompts.
+
+    plain, method: [R, P] seconds of each prompt (column) in each round (row), the same prompts in
+    the same columns.  Each resample draws R rounds and P prompts with replacement (one draw for
+    both arrays, seeded), so a slow round or a costly prompt weighs on both sides alike."""
+    plain, method = np.asarray(plain, dtype=np.float64), np.asarray(method, dtype=np.float64)
+    if plain.shape != method.shape or plain.ndim != 2 or plain.size == 0:
+        raise ValueError(f"plain and method must be [rounds, prompts] alike, got {plain.shape} and {method.shape}")
+    rng = np.random.default_rng(seed)
+    r, p = plain.shape
+    rows = rng.integers(0, r, size=(reps, r))
+    cols = rng.integers(0, p, size=(reps, p))
+    num = np.array([plain[rows[b]][:, cols[b]].sum() for b in range(reps)])
+    den = np.array([method[rows[b]][:, cols[b]].sum() for b in range(reps)])
+    ratios = num / den
+    tail = (1.0 - level) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))
+
+
 def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], None] = print) -> dict:
     """The runs of the module docstring; ``log`` gets one line per run.  Returns the configuration,
     every run (round, method, seconds, tokens) and per method its summary against plain decoding."""
@@ -65,9 +96,9 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
     ids = encode_all(llm, texts)
     greedy = SamplingParams()
 
-    def generate(m: Method, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    def generate(m: Method, prompts: list[list[int]], max_tokens: int) -> list:
         reqs = [llm.request(p, max_tokens, greedy, m.label, m.k) for p in prompts]
-        return [r.tokens for r in llm.engine.generate(reqs)]
+        return llm.engine.generate(reqs)
 
     for m in methods:                                              # warm-up
         generate(m, ids[:2], 16)
@@ -76,15 +107,20 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
         for m in (methods[j] for j in rotation(len(methods), r)):
             llm.reset_memory()
             t = time.perf_counter()
-            out = generate(m, ids, cfg.max_tokens)
+            results = generate(m, ids, cfg.max_tokens)
             dt = time.perf_counter() - t
+            out = [x.tokens for x in results]
             first.setdefault(m.label, out)
             tokens = sum(map(len, out))
-            runs.append({"round": r, "method": m.label, "seconds": dt, "tokens": tokens})
+            runs.append({"round": r, "method": m.label, "seconds": dt, "tokens": tokens,
+                         "shares": [x.stats.share_s for x in results]})
             log(f"{m.label} {dt:.2f} s {tokens / dt:.1f} tok/s")
     seconds = {m.label: sum(x["seconds"] for x in runs if x["method"] == m.label) for m in methods}
     plain = methods[0].label
+    shares = {m.label: [x["shares"] for x in sorted(runs, key=lambda x: x["round"]) if x["method"] == m.label]
+              for m in methods}
     summary = {m.label: {"seconds": seconds[m.label], "speedup": seconds[plain] / seconds[m.label],
+                         "interval": bootstrap_ratio(shares[plain], shares[m.label]),
                          "identical": sum(a == b for a, b in zip(first[m.label], first[plain]))}
                for m in methods}
     return {"config": asdict(cfg), "prompts": len(ids), "runs": runs, "summary": summary}
@@ -93,6 +129,7 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
 def render_interleaved(doc: dict) -> str:
     """One line: every method's speed-up over plain decoding and how many prompts it said identically."""
     c, n = doc["config"], doc["prompts"]
-    parts = [f"{label} {s['speedup']:.3f}x ({s['identical']}/{n} identical)"
+    parts = [f"{label} {s['speedup']:.3f}x [{LEVEL:.0%}: {s['interval'][0]:.3f}-{s['interval'][1]:.3f}] "
+             f"({s['identical']}/{n} identical)"
              for label, s in list(doc["summary"].items())[1:]]
     return f"c={c['concurrency']} prompts={n} rounds={c['rounds']}: " + ", ".join(parts)

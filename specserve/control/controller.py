@@ -41,6 +41,7 @@ from specserve.averages import decayed
 from specserve.control.acceptance import AcceptanceModel
 from specserve.control.choice import Candidate, ProbeState, choose, rate
 from specserve.control.cost import CostModel
+from specserve.control.guard import DRAFT, PLAIN, Guard
 from specserve.control.parts import PartPricing
 from specserve.control.threads import ThreadGovernor
 
@@ -84,6 +85,7 @@ class StepPlan:
     parts: dict[int, dict[str, int]] = field(default_factory=dict)     # a merging drafter's budget per part
     part_probes: set[tuple[int, str]] = field(default_factory=set)     # (seq_id, part): that part's best
                                                                          # node is kept anyway
+    arm: str | None = None         # the guard's arm (``guard.DRAFT`` or ``PLAIN``); None: no auto sequence
 
 
 def forced_gains(prop, gains: list[float], rate: float = 1.0) -> list[float]:
@@ -100,8 +102,10 @@ def forced_gains(prop, gains: list[float], rate: float = 1.0) -> list[float]:
 
 
 class Controller:
-    def __init__(self, traits: dict[str, Traits], cost: CostModel, max_draft: int, thread_choices: tuple[int, ...]):
+    def __init__(self, traits: dict[str, Traits], cost: CostModel, max_draft: int, thread_choices: tuple[int, ...],
+                 guard: bool = True):
         self.traits, self.cost, self.max_draft = traits, cost, max_draft
+        self.guard = Guard(guard)                  # whether drafting pays at all, measured per batch level
         self.acceptance = AcceptanceModel()
         self.probes: dict[tuple[int, str], ProbeState] = {}   # (seq_id, drafter or part key)
         self.drafter_gap: dict[str, int] = {}      # a new sequence's first probe gap: its drafter's latest
@@ -119,10 +123,12 @@ class Controller:
         """The step's probes and node budgets."""
         self._share = (self.cost.predict([1] * len(slots), [s.context for s in slots]) / len(slots)) if slots else None
         self.crowded = bool(slots) and self.crowding(slots, self._share) > CROWDED
+        arm = self.guard.arm(len(slots)) if any(s.auto for s in slots) else None
         plan = StepPlan({}, {s.seq_id for s in slots             # a merging drafter's parts probe one by one
-                             if s.auto and not self.parts.parts(s) and self._due(s, s.drafter)})
+                             if s.auto and arm == DRAFT and not self.parts.parts(s) and self._due(s, s.drafter)},
+                        arm=arm)
         for s in slots:
-            if not s.depth:
+            if not s.depth or (s.auto and arm == PLAIN):
                 plan.budgets[s.seq_id] = 0
             elif self.parts.parts(s):
                 plan.budgets[s.seq_id] = self.parts.budgets(s, slots, plan)
@@ -267,6 +273,12 @@ class Controller:
         if threads and self.governor is not None:
             self.governor.observe(threads, seconds / self.cost.raw(lengths, contexts))
         self.cost.observe(lengths, contexts, seconds)
+
+    def observe_step(self, plan: StepPlan, sequences: int, tokens: int, seconds: float) -> None:
+        """A step without prompt chunks committed ``tokens`` to its ``sequences`` decoding sequences in
+        ``seconds`` (its whole wall time): into the guard, under the arm ``plan`` took."""
+        if plan.arm is not None:
+            self.guard.observe(sequences, plan.arm, tokens, seconds)
 
     # ------------------------------------------------------------------ 5. learning
     def learn(self, s: Slot, prop, path: list[int], plan: StepPlan) -> None:

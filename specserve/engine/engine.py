@@ -47,7 +47,8 @@ from specserve.verify import Outcome, Row, verify_rows
 
 class Engine:
     def __init__(self, target: LoadedModel, drafters: dict[str, Drafter], max_batch: int = 16,
-                 max_len: int | None = None, prefill: PrefillPolicy | None = None, cost: CostModel | None = None):
+                 max_len: int | None = None, prefill: PrefillPolicy | None = None, cost: CostModel | None = None,
+                 guard: bool = True):
         if max_batch < 1:
             raise SpecserveError(f"max_batch must be >= 1, got {max_batch}")
         limit = target.config.max_position_embeddings
@@ -68,7 +69,8 @@ class Engine:
         self.prompt_tokens_max = min(chunk, self.model.invariant_tokens or chunk) if chunk is not None else self.max_len
         top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
         cost = cost or target_cost(target, min(max_batch * (top + 1), 128))   # measured once per model, on disk
-        self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices())
+        # guard: whether auto's drafting pays, measured step by step (off: the cost model alone decides)
+        self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices(), guard)
         self._threads_set = 0
         self.drafting = Drafting(self.controller, target.config.vocab_size)    # every call to a drafter
         self._running: list[Sequence] = []
@@ -203,7 +205,7 @@ class Engine:
         prompts = [s for s in self._running if s.state is State.PREFILL]
         if not decoding and not prompts:
             return []
-        times, clock = StepTimes(), Clock()
+        times, clock, began = StepTimes(), Clock(), time.perf_counter()
         # 1. plan: each decoding sequence as the controller sees it; 2. budgets (and probes), once
         slots = [self._slot(s) for s in decoding]
         plan = self.controller.plan(slots)
@@ -241,9 +243,13 @@ class Engine:
             feedback += self._commit_prompts(chunks, layout, out)
         except Exception as e:  # noqa: BLE001 - the model, verification or commit raised
             raise self._drop_pass(decoding + [s for s, _ in chunks], e) from e
-        # 10. feed back: to the drafters, and the verified drafts to the controller
+        # 10. feed back: to the drafters, and the verified drafts to the controller; a decoding step's
+        #     yield (tokens over its whole seconds) to the guard
         self._feed_back(feedback, slots, proposals, outcomes, plan)
         times.commit_s = clock.lap()
+        if not chunks:
+            self.controller.observe_step(plan, len(decoding), sum(len(o.tokens) for o in outcomes),
+                                         time.perf_counter() - began)
         # 11. report, and retire the finished
         return self._finish_step(decoding, slots, chunks, layout, times, predicted, threads)
 
@@ -356,6 +362,9 @@ class Engine:
     def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
                      layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:
         """Charge the step's times to its sequences, report it, retire the finished."""
+        share = sum(times.asdict().values()) / max(len(decoding) + len(chunks), 1)
+        for s in decoding + [s for s, _ in chunks]:
+            s.stats.share_s += share
         for s in decoding:
             times.charge(s.stats, decoding=True)
             if predicted is not None:
