@@ -77,10 +77,10 @@ main() {
     cpu=$(python -c "from specserve.host import cpu_info; from specserve.models.native import REQUIRED_CPU_FLAGS as need; \
 print(' '.join(f for f in need if f not in cpu_info().flags))") || fail "reading this CPU's instruction sets"
     if [ -n "$cpu" ]; then
-        say "native kernels: this CPU lacks $cpu; specserve runs on the torch runtime (slower)"
+        say "native kernels: this CPU lacks $cpu; specserve runs on its slower PyTorch runtime"
     elif ! compiler >/dev/null; then
         say "NO C++ COMPILER (${CXX:-g++, c++ or clang++}): the native kernels, the fast CPU runtime, cannot be"
-        say "  built and specserve runs on the torch runtime (slower). Install one and run this again:"
+        say "  built and specserve runs on its slower PyTorch runtime. Install one and run this again:"
         say "  apt-get install g++ (Debian, Ubuntu), dnf install gcc-c++ (Fedora, RHEL), or set CXX."
     else
         say "the native kernels are compiled once per source change and cached: on a cold cache this step"
