@@ -71,8 +71,9 @@ def main() -> int:
     for kind in ("eagle", "medusa"):
         dest = ROOT / "specserve/data/heads" / kind
         dest.mkdir(parents=True, exist_ok=True)
-        for f in ("head.safetensors", "config.json", "loss.png"):
+        for f in ("head.safetensors", "config.json"):
             shutil.copy(work / f"{kind}-final" / f, dest / f)
+        shutil.copy(work / f"{kind}-final" / "loss.png", ROOT / f"benchmarks/heads-training/{kind}-loss.png")   # not in the package
     (ROOT / "benchmarks/heads-training/summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["chosen"]), flush=True)
     return 0

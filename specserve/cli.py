@@ -339,6 +339,22 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``specserve`` command (and ``python -m specserve``): its exit status.  Output cut short by
+    the reader (``specserve ... | head``) ends quietly with status 141, as a command killed by SIGPIPE."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()          # here, inside the try, not at exit where the error would print
+    except BrokenPipeError:
+        try:                            # later writes (and Python's own flush at exit) go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+
+
+def _run(argv: list[str] | None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # FBGEMM fp16 ops print deprecation notices
     argv = sys.argv[1:] if argv is None else list(argv)
