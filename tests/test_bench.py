@@ -232,6 +232,26 @@ def test_bootstrap_ratio_by_hand():
     assert bootstrap_ratio(noisy, method) == (lo, hi)
     with pytest.raises(ValueError, match="rounds, prompts"):
         bootstrap_ratio(plain, plain[:, :3])
+    # rates: a method twice as fast that wrote half the tokens in the same seconds is level
+    ones = np.ones((2, 5))
+    assert bootstrap_ratio(ones, ones, 2 * ones, ones) == pytest.approx((0.5, 0.5))
+    assert bootstrap_ratio(ones, ones / 2, 2 * ones, ones) == pytest.approx((1.0, 1.0))
+
+
+def test_bench_interleaved_sampled_reports_rates_without_identity(tiny_cli, tmp_path, capsys):
+    from specserve.cli import main
+
+    out = tmp_path / "runs.json"
+    assert main(["bench", "interleaved", "--model", tiny_cli, "--methods", "ngram:k=3", "--concurrency", "2",
+                 "--num-prompts", "3", "--rounds", "1", "--max-tokens", "6", "--temperature", "0.8",
+                 "--prompts", _prompt_file(tmp_path, 6), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["summary"]["ngram:k=3"]
+    assert s["identical"] is None and all(len(r["counts"]) == 3 for r in doc["runs"])
+    rates = {r["method"]: r["tokens"] / r["seconds"] for r in doc["runs"]}
+    assert s["speedup"] == pytest.approx(rates["ngram:k=3"] / rates["none"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("c=2 prompts=3 rounds=1 temperature=0.8: ngram:k=3 ") and "identical" not in line
 
 
 def test_bench_steps_counts_decoding_steps_by_phase(tiny_cli, tmp_path, capsys):

@@ -63,6 +63,7 @@ def _one_line_error(argv: list[str], msg: str, capsys) -> None:
     (["bench", "interleaved"], "the following arguments are required: --methods"),
     (["bench", "interleaved", "--methods", "ngram:alpha=1"], "takes no option 'alpha'"),
     (["bench", "interleaved", "--methods", "ngram", "--rounds", "0"], "--concurrency, --rounds and --max-tokens"),
+    (["bench", "interleaved", "--methods", "ngram", "--temperature", "-1"], "--temperature must be >= 0"),
     (["bench", "interleaved", "--methods", "ngram", "--num-prompts", "481"], "--num-prompts must lie in 1..480"),
     (["bench", "interleaved", "--methods", "ngram", "--prompts", "/no/such.jsonl"], "cannot read prompts"),
     (["bench", "steps", "--methods", " , "], "--methods names no method"),

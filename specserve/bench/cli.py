@@ -106,6 +106,8 @@ def _interleaved_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=24, help="prompts: every (N / this)-th of the N there are")
     p.add_argument("--rounds", type=int, default=2, help="times every method runs every prompt")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); above 0: sampled, "
+                   "prompt i seeded with i")
     _prompts_arg(p)
     p.add_argument("--json", default=None, help="also write every run and the summary to this JSON file")
     runtime_args(p)
@@ -115,7 +117,7 @@ def cmd_interleaved(args: argparse.Namespace) -> int:
     from specserve.bench.interleaved import InterleavedConfig, render_interleaved, run_interleaved
 
     cfg = InterleavedConfig(_methods(args.methods), args.concurrency, args.num_prompts, args.rounds, args.max_tokens,
-                            args.prompts, args.model)
+                            args.prompts, args.model, args.temperature)
     _writable(args.json, "--json")
     doc = run_interleaved(cfg, runtime_options(args), log=lambda line: print(line, flush=True))
     print(render_interleaved(doc))

@@ -5,13 +5,15 @@ Each round runs every method once over all the prompts through an engine of ``co
 (closed loop), in an order rotated from one round to the next (``datasets.rotation``), so that a
 slow spell of a shared machine falls on every method alike; every drafter's memory across requests
 is emptied before each run.  The prompts: every (N / ``num_prompts``)-th of the N in the file (default
-Spec-Bench's), free text, greedy.  A method's speed-up is plain decoding's seconds over its own,
-summed over the rounds; its identity count compares its first round's tokens with plain decoding's.
+Spec-Bench's), free text, greedy or sampled at ``temperature`` (prompt i seeded with i, the same in
+every run).  A method's speed-up is its tokens per second over plain decoding's, summed over the
+rounds (greedy: the same tokens, so plain decoding's seconds over its own); under greedy decoding
+its identity count compares its first round's tokens with plain decoding's.
 
 Its interval (``bootstrap_ratio``): each request's cost is its share of the engine's steps (a step's
 seconds split equally among the sequences it advanced, ``RequestStats.share_s``); prompts and rounds
 are resampled with replacement, the same draw for plain decoding and the method, and the ratio of
-the summed costs taken each time: a 90% interval over both the prompts' spread and the machine's
+the summed rates taken each time: a 90% interval over both the prompts' spread and the machine's
 drift from round to round.
 """
 
@@ -42,6 +44,7 @@ class InterleavedConfig:
     max_tokens: int = 128
     prompts_file: str | None = None     # None: Spec-Bench
     model: str = "default"
+    temperature: float = 0.0            # 0: greedy
 
 
 def methods_of(specs: list[str], plain_first: bool) -> list[Method]:
@@ -64,23 +67,26 @@ def strided(num_prompts: int, path: str | None) -> list[str]:
     return [p.text for p in prompts[::len(prompts) // num_prompts][:num_prompts]]
 
 
-def bootstrap_ratio(plain: np.ndarray, method: np.ndarray, level: float = LEVEL, reps: int = BOOTSTRAP,
+def bootstrap_ratio(plain: np.ndarray, method: np.ndarray, plain_tokens: np.ndarray | None = None,
+                    method_tokens: np.ndarray | None = None, level: float = LEVEL, reps: int = BOOTSTRAP,
                     seed: int = 0) -> tuple[float, float]:
-    """The ``level`` interval of sum(plain) / sum(method), resampling rounds and prompts.
+    """The ``level`` interval of the method's rate over plain decoding's, (sum(method_tokens) /
+    sum(method)) / (sum(plain_tokens) / sum(plain)), resampling rounds and prompts; without tokens
+    (the same tokens on both sides, as under greedy decoding) sum(plain) / sum(method).
 
-    plain, method: [R, P] seconds of each prompt (column) in each round (row), the same prompts in
-    the same columns.  Each resample draws R rounds and P prompts with replacement (one draw for
-    both arrays, seeded), so a slow round or a costly prompt weighs on both sides alike."""
-    plain, method = np.asarray(plain, dtype=np.float64), np.asarray(method, dtype=np.float64)
-    if plain.shape != method.shape or plain.ndim != 2 or plain.size == 0:
-        raise ValueError(f"plain and method must be [rounds, prompts] alike, got {plain.shape} and {method.shape}")
+    plain, method, *_tokens: [R, P] seconds (tokens) of each prompt (column) in each round (row),
+    the same prompts in the same columns.  Each resample draws R rounds and P prompts with
+    replacement (one draw for every array, seeded), so a slow round or a costly prompt weighs on
+    both sides alike."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in (plain, method, plain_tokens, method_tokens) if a is not None]
+    if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 2 or arrays[0].size == 0:
+        raise ValueError(f"every array must be [rounds, prompts] alike, got {[a.shape for a in arrays]}")
     rng = np.random.default_rng(seed)
-    r, p = plain.shape
+    r, p = arrays[0].shape
     rows = rng.integers(0, r, size=(reps, r))
     cols = rng.integers(0, p, size=(reps, p))
-    num = np.array([plain[rows[b]][:, cols[b]].sum() for b in range(reps)])
-    den = np.array([method[rows[b]][:, cols[b]].sum() for b in range(reps)])
-    ratios = num / den
+    sums = [np.array([a[rows[b]][:, cols[b]].sum() for b in range(reps)]) for a in arrays]
+    ratios = sums[0] / sums[1] if len(sums) == 2 else (sums[3] / sums[1]) / (sums[2] / sums[0])
     tail = (1.0 - level) / 2
     return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))
 
@@ -90,14 +96,17 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
     every run (round, method, seconds, tokens) and per method its summary against plain decoding."""
     if cfg.concurrency < 1 or cfg.rounds < 1 or cfg.max_tokens < 1:
         raise SpecserveError("--concurrency, --rounds and --max-tokens must be >= 1")
+    if not cfg.temperature >= 0:
+        raise SpecserveError(f"--temperature must be >= 0, got {cfg.temperature}")
     methods = methods_of(cfg.methods, plain_first=True)
     texts = strided(cfg.num_prompts, cfg.prompts_file)
     llm = load_llm(cfg.model, options, methods, cfg.concurrency, MAX_LEN)
     ids = encode_all(llm, texts)
-    greedy = SamplingParams()
+    greedy = cfg.temperature == 0
 
     def generate(m: Method, prompts: list[list[int]], max_tokens: int) -> list:
-        reqs = [llm.request(p, max_tokens, greedy, m.label, m.k) for p in prompts]
+        reqs = [llm.request(p, max_tokens, SamplingParams(temperature=cfg.temperature, seed=None if greedy else i),
+                            m.label, m.k) for i, p in enumerate(prompts)]
         return llm.engine.generate(reqs)
 
     for m in methods:                                              # warm-up
@@ -113,23 +122,29 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
             first.setdefault(m.label, out)
             tokens = sum(map(len, out))
             runs.append({"round": r, "method": m.label, "seconds": dt, "tokens": tokens,
-                         "shares": [x.stats.share_s for x in results]})
+                         "shares": [x.stats.share_s for x in results], "counts": list(map(len, out))})
             log(f"{m.label} {dt:.2f} s {tokens / dt:.1f} tok/s")
-    seconds = {m.label: sum(x["seconds"] for x in runs if x["method"] == m.label) for m in methods}
+    def total(label: str, key: str) -> float:
+        return sum(x[key] for x in runs if x["method"] == label)
+
+    def cells(label: str, key: str) -> list[list[float]]:        # [round][prompt]
+        return [x[key] for x in sorted(runs, key=lambda x: x["round"]) if x["method"] == label]
     plain = methods[0].label
-    shares = {m.label: [x["shares"] for x in sorted(runs, key=lambda x: x["round"]) if x["method"] == m.label]
-              for m in methods}
-    summary = {m.label: {"seconds": seconds[m.label], "speedup": seconds[plain] / seconds[m.label],
-                         "interval": bootstrap_ratio(shares[plain], shares[m.label]),
-                         "identical": sum(a == b for a, b in zip(first[m.label], first[plain]))}
-               for m in methods}
+    summary = {}
+    for m in methods:
+        rate, plain_rate = (total(x, "tokens") / total(x, "seconds") for x in (m.label, plain))
+        tokens = () if greedy else (cells(plain, "counts"), cells(m.label, "counts"))
+        summary[m.label] = {"seconds": total(m.label, "seconds"), "speedup": rate / plain_rate,
+                            "interval": bootstrap_ratio(cells(plain, "shares"), cells(m.label, "shares"), *tokens),
+                            "identical": sum(a == b for a, b in zip(first[m.label], first[plain])) if greedy else None}
     return {"config": asdict(cfg), "prompts": len(ids), "runs": runs, "summary": summary}
 
 
 def render_interleaved(doc: dict) -> str:
     """One line: every method's speed-up over plain decoding and how many prompts it said identically."""
     c, n = doc["config"], doc["prompts"]
-    parts = [f"{label} {s['speedup']:.3f}x [{LEVEL:.0%}: {s['interval'][0]:.3f}-{s['interval'][1]:.3f}] "
-             f"({s['identical']}/{n} identical)"
+    parts = [f"{label} {s['speedup']:.3f}x [{LEVEL:.0%}: {s['interval'][0]:.3f}-{s['interval'][1]:.3f}]"
+             + (f" ({s['identical']}/{n} identical)" if s["identical"] is not None else "")
              for label, s in list(doc["summary"].items())[1:]]
-    return f"c={c['concurrency']} prompts={n} rounds={c['rounds']}: " + ", ".join(parts)
+    sampled = f" temperature={c['temperature']:g}" if c.get("temperature") else ""
+    return f"c={c['concurrency']} prompts={n} rounds={c['rounds']}{sampled}: " + ", ".join(parts)
