@@ -13,10 +13,11 @@ the step's own clock, whether drafting paid at all, and turns it off where it di
 
 Per level, each arm keeps decayed sums of tokens and seconds (``WEIGHT`` per step); the arm with
 the higher yield leads and is taken, and the other is tried once every ``gap`` steps of that level:
-the gap starts at ``MIN_GAP``, doubles up to ``MAX_GAP`` each time a trial leaves the leader in
-front, and falls back to ``MIN_GAP`` when a trial changes the leader.  So where drafting is behind,
-at most one step in ``MIN_GAP`` (soon one in ``MAX_GAP``) still drafts, and where it is ahead as
-few are plain: that is what measuring costs.  A level starts with ``WARMUP`` steps of each arm,
+the gap starts at ``MIN_GAP``, doubles up to ``MAX_GAP`` each time a trial yields less than the
+leader, and falls back to ``MIN_GAP`` when a trial yields more (its arm may be catching up: it is
+tried often until its average settles) or changes the leader.  So where drafting is behind, at most
+one step in ``MIN_GAP`` (soon one in ``MAX_GAP``) still drafts, and where it is ahead as few are
+plain: that is what measuring costs.  A level starts with ``WARMUP`` steps of each arm,
 drafting first.  Which arm a step takes never changes what it outputs, only how fast.
 """
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 DRAFT, PLAIN = "draft", "plain"
 WARMUP = 2          # steps of each arm before a level compares them
-WEIGHT = 0.25       # of a new step in an arm's decayed tokens and seconds
+WEIGHT = 0.1        # of a new step in an arm's decayed tokens and seconds
 MIN_GAP = 8         # steps between trials of the trailing arm, at first and after a change of leader
 MAX_GAP = 64        # ... at most, while trials confirm the leader
 
@@ -87,8 +88,9 @@ class Level:
         elif name == self.leader:
             self.since += 1
         else:                                                       # a trial of the trailing arm
+            won = tokens / seconds > self.arm(self.leader).rate
             leader = self.faster()
-            self.gap = MIN_GAP if leader != self.leader else min(2 * self.gap, MAX_GAP)
+            self.gap = MIN_GAP if won or leader != self.leader else min(2 * self.gap, MAX_GAP)
             self.leader, self.since = leader, 0
 
     def faster(self) -> str:
