@@ -150,15 +150,15 @@ class DraftProposal(trees.Nodes):
         return len(self.tokens)
 
     @property
-    def own(self) -> int:
-        """How many nodes the drafter proposed (the first ones)."""
+    def drafter_nodes(self) -> int:
+        """How many nodes the drafter proposed (the first ones; the rest a grammar forced)."""
         return len(self.tokens) - self.forced
 
     def drafted(self, path: list[int]) -> tuple["DraftProposal", list[int]]:
         """The drafter's own nodes and the part of an accepted ``path`` that runs through them."""
         if not self.forced:
             return self, path
-        n = self.own
+        n = self.drafter_nodes
         return self.subset(list(range(n))), [i for i in path if i < n]
 
     def trim_confidence(self) -> list[float] | None:
@@ -212,7 +212,7 @@ class DraftProposal(trees.Nodes):
         return replace(self, tokens=pick(self.tokens), probs=probs,
                        parents=None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
                        confidence=pick(self.confidence), future_gain=pick(self.future_gain), origins=pick(self.origins),
-                       forced=sum(1 for i in keep if i >= self.own))
+                       forced=sum(1 for i in keep if i >= self.drafter_nodes))
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from specserve.constrain import Shaper
 from specserve.constrain.spelling import Spelling
-from specserve.control import Slot
+from specserve.control import SeqView
 from specserve.drafters.base import DraftProposal
 from specserve.engine.types import Sequence, TokenLogprob
 from specserve.limits import MAX_DRAFT
@@ -50,15 +50,15 @@ def first_token(s: Sequence, row: Tensor) -> int:
     return int(sample(shaped[0], s.request.sampling, s.generator))
 
 
-def constrain(decoding: list[Sequence], slots: list[Slot], proposals: dict[int, DraftProposal]) -> None:
+def constrain(decoding: list[Sequence], views: list[SeqView], proposals: dict[int, DraftProposal]) -> None:
     """Each grammar-bound draft pruned to what its grammar allows, with the forced chains added when
     the request speculates (a drafter that drafts, a draft size other than 0)."""
-    for s, slot in zip(decoding, slots):
+    for s, v in zip(decoding, views):
         if s.shaper is None or s.shaper.matcher is None:
             continue
         prop = proposals[s.seq_id]
-        jump = slot.num_draft != 0 and speculates(s)
-        proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
+        jump = v.num_draft != 0 and speculates(s)
+        proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), v.depth, jump)
 
 
 def shape_logits(decoding: list[Sequence], proposals: dict[int, DraftProposal], offsets: list[int],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from specserve.constrain.spelling import Spelling
-from specserve.control import Controller, Slot, StepPlan, Traits
+from specserve.control import Controller, SeqView, StepPlan, Traits
 from specserve.control.parts import part_key
 from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, part_seconds, parts_of
 from specserve.engine.faults import PLAIN, Faults, quietly_end
@@ -49,15 +49,15 @@ class Drafting:
         """``end`` for a sequence leaving the engine (its exception is counted, and changes nothing)."""
         self.faults.call(s.request.drafter, s.seq_id, "end", s.drafter.end, s.seq_id)
 
-    def propose(self, decoding: list[Sequence], slots: list[Slot], plan: StepPlan,
+    def propose(self, decoding: list[Sequence], views: list[SeqView], plan: StepPlan,
                 times: StepTimes) -> dict[int, DraftProposal]:
         """Proposals per sequence, cut to the node budget and to the tokens still to generate; a
         sequence whose drafter fails gets none and continues by plain decoding."""
         out = {s.seq_id: DraftProposal([]) for s in decoding}
         groups: dict[int, list[tuple[Sequence, DraftRequest]]] = {}
-        for s, slot in zip(decoding, slots):
+        for s, v in zip(decoding, views):
             if s.drafter is not PLAIN:
-                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth,
+                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, v.depth,
                                  plan.parts.get(s.seq_id))
                 groups.setdefault(id(s.drafter), []).append((s, r))
         for pairs in groups.values():
