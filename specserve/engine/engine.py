@@ -292,7 +292,7 @@ class Engine:
                 out: ForwardOutput) -> list[Outcome]:
         rows = [Row(p.tokens, p.parents, p.probs, layout.offsets[i], s.request.sampling, s.generator)
                 for i, (s, p) in enumerate((s, proposals[s.seq_id]) for s in decoding)]
-        return verify_rows(rows, out.logits, rowops.argmax, rowops.greedy_verify) if rows else []
+        return verify_rows(rows, out.logits, rowops.argmax, rowops.greedy_walk) if rows else []
 
     def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], outcomes: list[Outcome],
                          layout: PassLayout, out: ForwardOutput, raw: dict[int, Tensor]) -> list[tuple[Sequence, Feedback]]:
