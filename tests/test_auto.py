@@ -15,7 +15,7 @@ from specserve.control import AcceptanceModel, Controller, CostModel, SeqView, S
 from specserve.control.parts import part_key
 from specserve.drafters import DraftProposal, DraftRequest, DrafterSpec, Feedback, create
 from specserve.drafters.auto import merge
-from specserve.drafters.base import Drafter, part_seconds, parts_of
+from specserve.drafters.base import Drafter, MergedProposal, draft_s_by_part, parts_of
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
 from specserve.limits import AUTO_SIZE
@@ -94,12 +94,12 @@ def test_each_proposal_carries_its_share_of_every_asked_parts_seconds(target):
     auto = create("auto", target, parts={"a": a, "b": b})
     reqs = [DraftRequest(i, [1, 2], 8, SamplingParams(), parts={"a": 2, "b": 1 if i else 0}) for i in range(3)]
     props = auto.propose(reqs)
-    assert [sorted(p.part_seconds) for p in props] == [["a"], ["a", "b"], ["a", "b"]]
-    assert props[1].part_seconds["a"] == props[0].part_seconds["a"] > 0      # one call, three equal shares
-    totals = part_seconds(props)
+    assert [sorted(p.part_draft_s) for p in props] == [["a"], ["a", "b"], ["a", "b"]]
+    assert props[1].part_draft_s["a"] == props[0].part_draft_s["a"] > 0      # one call, three equal shares
+    totals = draft_s_by_part(props)
     assert totals["a"][1] == 3 and totals["b"][1] == 2
-    assert totals["a"][0] == pytest.approx(3 * props[0].part_seconds["a"])
-    assert part_seconds([ValueError("a fault"), DraftProposal([1])]) == {}    # faults and other drafters: none
+    assert totals["a"][0] == pytest.approx(3 * props[0].part_draft_s["a"])
+    assert draft_s_by_part([ValueError("a fault"), DraftProposal([1])]) == {}    # faults and other drafters: none
     assert parts_of(auto) == {"a": a, "b": b} and parts_of(a) == {}           # merging is a type, not a method
 
 
@@ -131,7 +131,7 @@ def test_each_part_is_calibrated_on_its_own_nodes():
     ctl = merged_controller()
     view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
     for _ in range(30):                           # node 0 (cheap, accepted), node 1 (costly, rejected)
-        prop = DraftProposal([1, 2], None, [-1, -1], [0.5, 0.5], None, [{"cheap": 0.5}, {"costly": 0.5}])
+        prop = MergedProposal([1, 2], None, [-1, -1], [0.5, 0.5], origins=[{"cheap": 0.5}, {"costly": 0.5}])
         plan = ctl.plan([view])
         ctl.learn(view, prop, [0], plan)
     assert ctl.acceptance.calibration("auto/cheap", 0) > 1.2                    # accepted twice its confidence
@@ -145,14 +145,14 @@ def test_a_costly_part_that_adds_nothing_drafts_only_to_probe_and_one_that_adds_
     plan = ctl.plan([view])
     assert plan.parts[0] == {"cheap": 16, "costly": 2}                         # a new sequence: a small look
     same = [{"cheap": 0.9, "costly": 0.9}, {"cheap": 0.8, "costly": 0.8}]      # it drafts what cheap drafts
-    props = {0: DraftProposal([1, 2], None, None, [0.9, 0.8], None, same)}
+    props = {0: MergedProposal([1, 2], None, None, [0.9, 0.8], origins=same)}
     ctl.keep([view], props, plan)
     assert ctl.parts.history.kept[(0, "auto/costly")] == 0 and ctl.plan([view]).parts[0]["costly"] == 0
     ctl2 = merged_controller()
     ctl2.observe_draft("auto/costly", 0.004, 1)
     plan = ctl2.plan([view])
     own = [{"costly": 0.9}, {"costly": 0.9}]                                  # tokens only it drafts
-    props = {0: DraftProposal([1, 2], None, None, [0.9, 0.9], None, own)}
+    props = {0: MergedProposal([1, 2], None, None, [0.9, 0.9], origins=own)}
     ctl2.keep([view], props, plan)
     assert ctl2.parts.history.kept[(0, "auto/costly")] == 2 and ctl2.plan([view]).parts[0]["costly"] == 6   # 2 * 2 + 2
 
@@ -170,7 +170,7 @@ def test_a_probed_part_keeps_its_best_root_and_backs_off_when_it_does_not_pay():
     plan = ctl.plan([view])
     assert (0, "costly") in plan.part_probes and plan.parts[0]["costly"] == 2
     origins = [{"cheap": 0.01}, {"costly": 0.01}]                              # worthless: kept only as a probe
-    props = {0: DraftProposal([1, 2], None, [-1, -1], [0.01, 0.01], None, origins)}
+    props = {0: MergedProposal([1, 2], None, [-1, -1], [0.01, 0.01], origins=origins)}
     ctl.keep([view], props, plan)
     assert props[0].tokens == [2]                                              # the costly part's root
     ctl.learn(view, props[0], [], plan)
@@ -206,7 +206,7 @@ def test_in_a_crowded_step_a_cheap_part_drafts_only_where_its_drafts_are_kept():
     assert crowded.plan([fresh]).parts[1]["cheap"] == 2                         # a new sequence: a small look
     plan = crowded.plan([fresh])
     origins = [{"cheap": 0.3}, {"cheap": 0.3}]         # worth less than the row each node costs
-    props = {1: DraftProposal([1, 2], None, None, [0.3, 0.3], None, origins)}
+    props = {1: MergedProposal([1, 2], None, None, [0.3, 0.3], origins=origins)}
     crowded.keep([fresh], props, plan)
     assert props[1].tokens == [] and crowded.plan([fresh]).parts[1]["cheap"] == 0
 
@@ -223,7 +223,7 @@ def test_a_part_probe_succeeds_only_when_the_target_takes_its_node():
         while (0, "cheap") not in (plan := ctl.plan([view])).part_probes:
             assert plan.parts[0]["cheap"] == 0
             ctl.learn(view, DraftProposal([]), [], plan)
-        props = {0: DraftProposal([7, 8], None, None, [0.01, 0.01], None, [{"cheap": 0.01}] * 2)}
+        props = {0: MergedProposal([7, 8], None, None, [0.01, 0.01], origins=[{"cheap": 0.01}] * 2)}
         ctl.keep([view], props, plan)
         assert props[0].tokens == [7]                                           # the probe: its best root
         ctl.learn(view, props[0], accepted, plan)

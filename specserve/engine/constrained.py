@@ -11,8 +11,6 @@ prompt chunk's logprobs.  Nothing here changes the KV cache.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
@@ -123,8 +121,4 @@ def under_grammar(prop: DraftProposal, shaper: Shaper, room: int, max_depth: int
     probs = kept.probs
     if probs is not None:
         probs = torch.cat([probs, one_hot_rows(tokens[-k:], probs.shape[1], probs.dtype, probs.device)])
-    extend = (lambda xs, v: None if xs is None else list(xs) + [v] * k)
-    return replace(kept, tokens=tokens, probs=probs, parents=parents, confidence=extend(kept.confidence, 1.0),
-                   future_gain=extend(kept.future_gain, 0.0),
-                   origins=None if kept.origins is None else list(kept.origins) + [{} for _ in range(k)],
-                   forced=kept.forced + k)
+    return kept.with_forced(tokens, parents, probs)

@@ -15,7 +15,7 @@ import time
 from specserve.constrain.spelling import Spelling
 from specserve.control import Controller, SeqView, StepPlan, Traits
 from specserve.control.parts import part_key
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, part_seconds, parts_of
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draft_s_by_part, parts_of
 from specserve.engine.faults import PLAIN, Faults, quietly_end
 from specserve.engine.types import Request, Sequence, StepTimes
 
@@ -67,7 +67,7 @@ class Drafting:
             times.draft_s += took
             label = pairs[0][0].request.drafter
             self.controller.observe_draft(label, took, sum(1 for _, r in pairs if r.k > 0))
-            for part, (seconds, n) in part_seconds(props).items():          # a merging drafter's parts
+            for part, (seconds, n) in draft_s_by_part(props).items():       # a merging drafter's parts
                 self.controller.observe_draft(part_key(label, part), seconds, n)
             for (s, r), prop in zip(pairs, props):
                 try:
