@@ -10,10 +10,12 @@ class ThreadGovernor:
     """How many compute threads the runtime should use, from measured pass times.
 
     On a machine shared with other busy programs, threads that must meet at every kernel run at the
-    pace of the one whose core is taken: two threads can then be three times slower than one.  The
-    governor keeps, for each thread count, a decayed average of measured over calibrated pass time,
-    uses the count with the lowest, and now and then runs one step with the other count to notice
-    when the machine changed (rarely when the other was much worse, since each such step costs).
+    pace of the one whose core is taken: two threads can then be much slower than one (BENCHMARKS.md,
+    section 7, "A shared CPU", in benchmarks/history/sections-6-11.md).  The governor keeps, for each
+    thread count, a decayed average of measured over calibrated pass time, uses the count with the
+    lowest, and now and then runs one step with the other count to notice when the machine changed
+    (rarely when the other was much worse, since each such step costs; its numbers are
+    ``ControllerConfig``'s ``thread_*``).
     Threads never change the numerics (see the native kernels), only the speed.
     """
 

@@ -4,7 +4,7 @@ Which drafter wins depends on the work: prompt lookup where the output copies th
 of earlier requests where the work repeats, a learned head where there is nothing to copy.  ``auto``
 holds several drafters, its **parts** (by default ``ngram-tree`` and ``suffix`` over its corpus of
 earlier requests alone; a learned head such as ``eagle`` when named: ``parts=ngram-tree+suffix/own=0+eagle``;
-its features cost every target pass whether it drafts or not, which on a CPU outweighs what it adds),
+its features cost every target pass whether it drafts or not: BENCHMARKS.md, section 17),
 asks each for a proposal within the node budget the controller gives
 that part (``DraftRequest.parts``), and merges them:
 
@@ -49,8 +49,8 @@ from specserve.limits import MAX_DRAFT, NO_LIMIT
 from specserve.trees import is_chain, one_hot_rows
 
 DEFAULT_PARTS = "ngram-tree+suffix/own=0"   # "default": suffix matches the corpus alone (ngram-tree has the
-                                            # text); a learned head joins when named (its features cost
-                                            # every pass, drafting or not: BENCHMARKS.md measures it)
+                                            # text); a learned head joins when named (why not by default:
+                                            # BENCHMARKS.md, section 17)
 
 
 def parse_parts(text: str) -> list[tuple[str, dict[str, Any]]]:
