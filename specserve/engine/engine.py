@@ -302,13 +302,12 @@ class Engine:
             prop, at = proposals[s.seq_id], layout.offsets[i]
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.rows.keep_path(s.row, kept)
-            s.stats.record_step(len(prop), prop.depth, len(o.path), prop.forced,
-                                sum(n >= prop.drafter_nodes for n in o.path))
+            drafted, drafted_path = prop.drafted(o.path)   # the drafter hears of its own nodes only
+            s.stats.record_step(len(prop), prop.depth, len(o.path), prop.forced, len(o.path) - len(drafted_path))
             drafter = s.drafter
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
                       if drafter.wants_predictions else None)
-            drafted, drafted_path = prop.drafted(o.path)   # the drafter hears of its own nodes only
             feedback.append((s, Feedback(s.seq_id, drafted, drafted_path, o.tokens, feats, argmax)))
             commit(s, o.tokens, raw.get(s.seq_id), kept)
         return feedback
