@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 
 import specserve.control.controller as C
 import specserve.control.parts as P
@@ -22,34 +23,31 @@ from specserve.bench.interleaved import methods_of, strided
 from specserve.bench.runner import encode_all, load_llm
 from specserve.sampling import SamplingParams
 
-NEW = {"crowded": C.CROWDED, "plan": C.Controller.plan, "learn": P.PartPricing.learn}
+NEW = {"plan": C.Controller.plan, "learn": P.PartPricing.learn}
 
 
-def plan_before(self, slots):
-    p = NEW["plan"](self, slots)
-    p.probed |= {s.seq_id for s in slots if s.auto and self._due(s, s.drafter)}
+def plan_before(self, views):
+    p = NEW["plan"](self, views)
+    p.probed |= {s.seq_id for s in views if s.auto_size and self.due(s, s.drafter, self.probe(s))}
     return p
 
 
 def learn_before(self, s, prop, path, plan):
-    ctl = self.ctl
+    origins = getattr(prop, "origins", None) or []
     for part in self.parts(s):
         key = P.part_key(s.drafter, part)
-        nodes = [n for n, o in enumerate(prop.origins or []) if part in o]
-        won = sum(1 for n in path if part in prop.origins[n])
+        nodes = [n for n, o in enumerate(origins) if part in o]
+        won = sum(1 for n in path if part in origins[n])
         if nodes:
-            ctl.acceptance.observe(key, s.seq_id, 0, won, sum(prop.origins[n][part] for n in nodes))
-        paid = ctl.kept.get((s.seq_id, key), 0) if nodes else 0
+            self.ctl.acceptance.observe(key, s.seq_id, 0, won, sum(origins[n][part] for n in nodes))
+        paid = self.history.kept.get((s.seq_id, key), 0) if nodes else 0
         probed = (s.seq_id, part) in plan.part_probes
-        state = ctl.probe(s, key)
-        state.update(max(len(nodes), 1), paid, True) if probed else state.update(paid, paid, False)
-        if probed:
-            ctl.drafter_gap[key] = state.gap
+        self.history.record(s.seq_id, key, max(len(nodes), 1) if probed else paid, paid, probed)
 
 
-def configure(before: bool | str) -> None:
+def configure(llm, before: bool | str) -> None:
     """True: every rule as before; "probes": only the crowded steps as before; False: as now."""
-    C.CROWDED = float("inf") if before else NEW["crowded"]
+    llm.engine.controller.config = replace(C.DEFAULTS, crowded=float("inf") if before else C.DEFAULTS.crowded)
     C.Controller.plan = plan_before if before is True else NEW["plan"]
     P.PartPricing.learn = learn_before if before is True else NEW["learn"]
 
@@ -67,12 +65,12 @@ def main() -> None:
     configs = [("none", methods[0], False), ("auto", methods[1], False), ("auto-before", methods[1], True),
                ("auto-uncrowded", methods[1], "probes")]
     for _, m, before in configs:                                    # warm-up
-        configure(before)
+        configure(llm, before)
         llm.engine.generate([llm.request(i, 16, SamplingParams(), m.label, m.k) for i in ids[:2]])
     runs, first = [], {}
     for r in range(args.rounds):
         for name, m, before in (configs[j] for j in rotation(len(configs), r)):
-            configure(before)
+            configure(llm, before)
             llm.reset_memory()
             t = time.perf_counter()
             out = [x.tokens for x in llm.engine.generate([llm.request(i, 128, SamplingParams(), m.label, m.k) for i in ids])]

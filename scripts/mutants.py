@@ -216,12 +216,13 @@ EXTRA: list[Mutant] = [
       "self.cache.set_length(row, match.tokens - 1)",
       "a copied prefix keeps one position too few", T + "test_prefill.py", T + "test_engine.py"),
     # ---- control/choice.py: the keep rule and probes ---------------------------------------------------
-    M("choice-forced-charged", CHOICE, "node < cands[i].own", "node <= cands[i].own",
+    M("choice-forced-charged", CHOICE, "node < cands[i].drafter_nodes", "node <= cands[i].drafter_nodes",
       "the first grammar-forced node charged the drafter's cost", T + "test_control.py", T + "test_spelling.py"),
     M("choice-probe-due-late", CHOICE, "return self.idle >= self.gap", "return self.idle > self.gap",
       "probe due one step late", T + "test_control.py", T + "test_auto.py"),
-    M("choice-probe-no-reset", CHOICE, "self.gap = 8 if accepted else min(self.gap * 2, max_gap)",
-      "self.gap = min(self.gap * 2, max_gap)", "an accepted probe does not reset the back-off",
+    M("choice-probe-no-reset", CHOICE,
+      "self.gap = config.probe_gap if accepted else min(self.gap * 2, config.max_probe_gap)",
+      "self.gap = min(self.gap * 2, config.max_probe_gap)", "an accepted probe does not reset the back-off",
       T + "test_control.py", T + "test_auto.py"),
     # ---- constrain/: grammar over a tree, masks, penalties, spelling ---------------------------------
     M("grammar-forced-over-room", CTREE, "budget = min(room - out.forced, max_depth - depth)",

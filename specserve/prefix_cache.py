@@ -1,8 +1,9 @@
 """Reuse of shared prompt prefixes: a bounded pool of KV blocks keyed by the tokens before them.
 
 Terms.  A **block** is the keys and values (and, when drafters need them, the target features) of
-``BLOCK`` consecutive positions ``[i * BLOCK, (i + 1) * BLOCK)`` of one sequence.  Its **key** is its
-parent block (the block before it, none for i = 0) and its own tokens, so a block is found only
+``PREFIX_BLOCK`` (``specserve.limits``: the prefill planner cuts prompt chunks at its multiples)
+consecutive positions ``[i * PREFIX_BLOCK, (i + 1) * PREFIX_BLOCK)`` of one sequence.  Its **key** is
+its parent block (the block before it, none for i = 0) and its own tokens, so a block is found only
 through the exact token ids from position 0 to its end: a chain of blocks is a prefix.  The engine
 (which owns the target's KV cache) asks for the longest cached chain of a new prompt and copies it
 into the prompt's cache row instead of computing it; it stores each block a prefill completes, and
@@ -26,12 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-BLOCK = 16        # positions per block; prompt chunks are cut at multiples of it
+from specserve.limits import PREFIX_BLOCK
 
 
 @dataclass(eq=False)
 class Block:
-    key: tuple                    # (parent block id or -1, its BLOCK token ids)
+    key: tuple                    # (parent block id or -1, its PREFIX_BLOCK token ids)
     id: int
     slot: int                     # index into the pool tensors
     parent: "Block | None"
@@ -55,27 +56,27 @@ class Match:
 
     @property
     def tokens(self) -> int:
-        return len(self.blocks) * BLOCK
+        return len(self.blocks) * PREFIX_BLOCK
 
 
 class PrefixCache:
-    """Blocks of ``layers x kv_heads x BLOCK x head_dim`` keys and values (the KV cache's dtype and
-    device), plus features of ``feature_layers`` ([BLOCK, hidden] each) when there are any."""
+    """Blocks of ``layers x kv_heads x PREFIX_BLOCK x head_dim`` keys and values (the KV cache's dtype and
+    device), plus features of ``feature_layers`` ([PREFIX_BLOCK, hidden] each) when there are any."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str, max_bytes: int, feature_layers: tuple[int, ...] = (), hidden: int = 0):
         self.feature_layers = tuple(feature_layers)
         elem = torch.empty(0, dtype=dtype).element_size()
-        kv_bytes = 2 * num_layers * kv_heads * BLOCK * head_dim * elem
-        feat_bytes = len(self.feature_layers) * BLOCK * hidden * 4
+        kv_bytes = 2 * num_layers * kv_heads * PREFIX_BLOCK * head_dim * elem
+        feat_bytes = len(self.feature_layers) * PREFIX_BLOCK * hidden * 4
         self.block_bytes = kv_bytes + feat_bytes
         self.capacity = max(int(max_bytes) // self.block_bytes, 0)
         if self.capacity < 1:
             raise ValueError(f"a prefix cache of {max_bytes} bytes holds no block ({self.block_bytes} bytes each)")
-        shape = (self.capacity, num_layers, kv_heads, BLOCK, head_dim)
+        shape = (self.capacity, num_layers, kv_heads, PREFIX_BLOCK, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.f = (torch.empty(self.capacity, len(self.feature_layers), BLOCK, hidden, device=device)
+        self.f = (torch.empty(self.capacity, len(self.feature_layers), PREFIX_BLOCK, hidden, device=device)
                   if self.feature_layers else None)
         self._blocks: dict[tuple, Block] = {}
         self._lru: collections.OrderedDict[int, Block] = collections.OrderedDict()   # by id, oldest first
@@ -98,8 +99,8 @@ class PrefixCache:
         lookup (hits and misses over ``limit`` tokens) and marks the chain as used."""
         limit = len(tokens) if limit is None else min(limit, len(tokens))
         out, parent = Match(), -1
-        for i in range(limit // BLOCK):
-            b = self._blocks.get((parent, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
+        for i in range(limit // PREFIX_BLOCK):
+            b = self._blocks.get((parent, tuple(tokens[i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK])))
             if b is None or (features and not b.has_features):
                 break
             out.blocks.append(b)
@@ -116,8 +117,8 @@ class PrefixCache:
         positions 0 .. match.tokens - 1.  Returns the features per layer [match.tokens, hidden]
         when the blocks hold them (else {})."""
         for i, b in enumerate(match.blocks):
-            k_row[:, :, i * BLOCK:(i + 1) * BLOCK] = self.k[b.slot]
-            v_row[:, :, i * BLOCK:(i + 1) * BLOCK] = self.v[b.slot]
+            k_row[:, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = self.k[b.slot]
+            v_row[:, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = self.v[b.slot]
         if self.f is None or not match.blocks or not all(b.has_features for b in match.blocks):
             return {}
         feats = torch.cat([self.f[b.slot] for b in match.blocks], 1)              # [F, tokens, hidden]
@@ -125,13 +126,13 @@ class PrefixCache:
 
     def store(self, parent: Block | None, tokens: list[int], k_row: torch.Tensor, v_row: torch.Tensor,
               start: int, features: dict[int, torch.Tensor] | None = None) -> Block | None:
-        """Add the block of positions ``start .. start + BLOCK - 1`` (``tokens``: its BLOCK ids)
+        """Add the block of positions ``start .. start + PREFIX_BLOCK - 1`` (``tokens``: its PREFIX_BLOCK ids)
         after ``parent`` (None when start is 0), copying from a cache row's views; ``features``:
-        [BLOCK, hidden] per feature layer, or None.  An existing block is marked used and returned
+        [PREFIX_BLOCK, hidden] per feature layer, or None.  An existing block is marked used and returned
         (gaining features if it had none).  Returns None, storing nothing, when the parent has been
         evicted meanwhile or no block can make room."""
-        if len(tokens) != BLOCK or start % BLOCK or (parent is None) != (start == 0):
-            raise ValueError("a block holds BLOCK tokens at a multiple of BLOCK; only the first has no parent")
+        if len(tokens) != PREFIX_BLOCK or start % PREFIX_BLOCK or (parent is None) != (start == 0):
+            raise ValueError("a block holds PREFIX_BLOCK tokens at a multiple of it; only the first has no parent")
         if parent is not None and self._blocks.get(parent.key) is not parent:
             return None
         key = (parent.id if parent is not None else -1, tuple(tokens))
@@ -145,8 +146,8 @@ class PrefixCache:
             self._blocks[key] = b
             if parent is not None:
                 parent.children += 1
-            self.k[slot] = k_row[:, :, start:start + BLOCK]
-            self.v[slot] = v_row[:, :, start:start + BLOCK]
+            self.k[slot] = k_row[:, :, start:start + PREFIX_BLOCK]
+            self.v[slot] = v_row[:, :, start:start + PREFIX_BLOCK]
             self.stats.stored_blocks += 1
         if (features is not None and self.f is not None and not b.has_features
                 and all(layer in features for layer in self.feature_layers)):

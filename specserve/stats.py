@@ -75,6 +75,7 @@ class RequestStats(Timings):
 
     @property
     def verify_passes(self) -> int:
+        """Target passes that decoded or verified (not prompt chunks)."""
         return max(self.target_passes - self.prefill_passes, 0)
 
     @property
@@ -84,6 +85,7 @@ class RequestStats(Timings):
 
     @property
     def accepted_tokens(self) -> int:
+        """Drafted tokens the target accepted, over all steps."""
         return sum(self.accepted_per_depth)
 
     @property

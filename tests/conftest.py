@@ -123,7 +123,7 @@ def tiny_head(kind: str, target: LoadedModel, layers: list[int] | None = None, s
     import tempfile
 
     from specserve.drafters.heads import build, new_config, save_head
-    from specserve.drafters.heads.modules import RMSNorm
+    from specserve.models.layers import RMSNorm
 
     key = (kind, target.path, tuple(layers or ()), seed, parallel, head_layers)
     if key not in _HEADS:

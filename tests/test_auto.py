@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from conftest import tiny_head, tiny_model
-from specserve.control import AUTO, AcceptanceModel, Controller, CostModel, Slot, StepPlan, Traits
+from specserve.control import AcceptanceModel, Controller, CostModel, SeqView, StepPlan, Traits
 from specserve.control.parts import part_key
 from specserve.drafters import DraftProposal, DraftRequest, DrafterSpec, Feedback, create
 from specserve.drafters.auto import merge
-from specserve.drafters.base import Drafter, part_seconds, parts_of
+from specserve.drafters.base import Drafter, MergedProposal, draft_s_by_part, parts_of
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
+from specserve.limits import AUTO_SIZE
 from specserve.sampling import SamplingParams
 
 MODERATE = CostModel([1, 2, 64], [0.010, 0.011, 0.073], 0.0)
@@ -93,12 +94,12 @@ def test_each_proposal_carries_its_share_of_every_asked_parts_seconds(target):
     auto = create("auto", target, parts={"a": a, "b": b})
     reqs = [DraftRequest(i, [1, 2], 8, SamplingParams(), parts={"a": 2, "b": 1 if i else 0}) for i in range(3)]
     props = auto.propose(reqs)
-    assert [sorted(p.part_seconds) for p in props] == [["a"], ["a", "b"], ["a", "b"]]
-    assert props[1].part_seconds["a"] == props[0].part_seconds["a"] > 0      # one call, three equal shares
-    totals = part_seconds(props)
+    assert [sorted(p.part_draft_s) for p in props] == [["a"], ["a", "b"], ["a", "b"]]
+    assert props[1].part_draft_s["a"] == props[0].part_draft_s["a"] > 0      # one call, three equal shares
+    totals = draft_s_by_part(props)
     assert totals["a"][1] == 3 and totals["b"][1] == 2
-    assert totals["a"][0] == pytest.approx(3 * props[0].part_seconds["a"])
-    assert part_seconds([ValueError("a fault"), DraftProposal([1])]) == {}    # faults and other drafters: none
+    assert totals["a"][0] == pytest.approx(3 * props[0].part_draft_s["a"])
+    assert draft_s_by_part([ValueError("a fault"), DraftProposal([1])]) == {}    # faults and other drafters: none
     assert parts_of(auto) == {"a": a, "b": b} and parts_of(a) == {}           # merging is a type, not a method
 
 
@@ -128,11 +129,11 @@ def merged_controller(cost=MODERATE):
 
 def test_each_part_is_calibrated_on_its_own_nodes():
     ctl = merged_controller()
-    slot = Slot(0, "auto", AUTO, 10, 50)
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
     for _ in range(30):                           # node 0 (cheap, accepted), node 1 (costly, rejected)
-        prop = DraftProposal([1, 2], None, [-1, -1], [0.5, 0.5], None, [{"cheap": 0.5}, {"costly": 0.5}])
-        plan = ctl.plan([slot])
-        ctl.learn(slot, prop, [0], plan)
+        prop = MergedProposal([1, 2], None, [-1, -1], [0.5, 0.5], origins=[{"cheap": 0.5}, {"costly": 0.5}])
+        plan = ctl.plan([view])
+        ctl.learn(view, prop, [0], plan)
     assert ctl.acceptance.calibration("auto/cheap", 0) > 1.2                    # accepted twice its confidence
     assert ctl.acceptance.calibration("auto/costly", 0) < 0.3
 
@@ -140,72 +141,72 @@ def test_each_part_is_calibrated_on_its_own_nodes():
 def test_a_costly_part_that_adds_nothing_drafts_only_to_probe_and_one_that_adds_keeps_running():
     ctl = merged_controller()
     ctl.observe_draft("auto/costly", 0.004, 1)                                 # 40% of a pass: costly
-    slot = Slot(0, "auto", AUTO, 10, 50)
-    plan = ctl.plan([slot])
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
+    plan = ctl.plan([view])
     assert plan.parts[0] == {"cheap": 16, "costly": 2}                         # a new sequence: a small look
     same = [{"cheap": 0.9, "costly": 0.9}, {"cheap": 0.8, "costly": 0.8}]      # it drafts what cheap drafts
-    props = {0: DraftProposal([1, 2], None, None, [0.9, 0.8], None, same)}
-    ctl.keep([slot], props, plan)
-    assert ctl.kept[(0, "auto/costly")] == 0 and ctl.plan([slot]).parts[0]["costly"] == 0
+    props = {0: MergedProposal([1, 2], None, None, [0.9, 0.8], origins=same)}
+    ctl.keep([view], props, plan)
+    assert ctl.parts.history.kept[(0, "auto/costly")] == 0 and ctl.plan([view]).parts[0]["costly"] == 0
     ctl2 = merged_controller()
     ctl2.observe_draft("auto/costly", 0.004, 1)
-    plan = ctl2.plan([slot])
+    plan = ctl2.plan([view])
     own = [{"costly": 0.9}, {"costly": 0.9}]                                  # tokens only it drafts
-    props = {0: DraftProposal([1, 2], None, None, [0.9, 0.9], None, own)}
-    ctl2.keep([slot], props, plan)
-    assert ctl2.kept[(0, "auto/costly")] == 2 and ctl2.plan([slot]).parts[0]["costly"] == 6   # 2 * 2 + 2
+    props = {0: MergedProposal([1, 2], None, None, [0.9, 0.9], origins=own)}
+    ctl2.keep([view], props, plan)
+    assert ctl2.parts.history.kept[(0, "auto/costly")] == 2 and ctl2.plan([view]).parts[0]["costly"] == 6   # 2 * 2 + 2
 
 
 def test_a_probed_part_keeps_its_best_root_and_backs_off_when_it_does_not_pay():
     ctl = merged_controller()
     ctl.observe_draft("auto/costly", 0.001, 1)
-    slot = Slot(0, "auto", AUTO, 10, 50)
-    ctl.kept[(0, "auto/costly")] = 0
-    gap = ctl.probe(slot, "auto/costly").gap
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
+    ctl.parts.history.kept[(0, "auto/costly")] = 0
+    gap = ctl.parts.history.probe(0, "auto/costly").gap
     for _ in range(gap):
-        plan = ctl.plan([slot])
+        plan = ctl.plan([view])
         assert plan.parts[0]["costly"] == 0
-        ctl.learn(slot, DraftProposal([]), [], plan)
-    plan = ctl.plan([slot])
+        ctl.learn(view, DraftProposal([]), [], plan)
+    plan = ctl.plan([view])
     assert (0, "costly") in plan.part_probes and plan.parts[0]["costly"] == 2
     origins = [{"cheap": 0.01}, {"costly": 0.01}]                              # worthless: kept only as a probe
-    props = {0: DraftProposal([1, 2], None, [-1, -1], [0.01, 0.01], None, origins)}
-    ctl.keep([slot], props, plan)
+    props = {0: MergedProposal([1, 2], None, [-1, -1], [0.01, 0.01], origins=origins)}
+    ctl.keep([view], props, plan)
     assert props[0].tokens == [2]                                              # the costly part's root
-    ctl.learn(slot, props[0], [], plan)
-    assert ctl.probe(slot, "auto/costly").gap == 2 * gap                       # it did not pay: a longer wait
+    ctl.learn(view, props[0], [], plan)
+    assert ctl.parts.history.probe(0, "auto/costly").gap == 2 * gap        # it did not pay: a longer wait
 
 
 CROWDED_COST = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # one more token costs a whole row
 
 
 def test_a_step_is_crowded_where_one_more_token_costs_most_of_a_row():
-    slots = [Slot(i, "auto", AUTO, 10, 50) for i in range(4)]
-    assert merged_controller().crowding(slots) == pytest.approx(0.001 / (0.013 / 4), rel=1e-6)   # base(5) - base(4) over base(4) / 4
-    assert merged_controller(CROWDED_COST).crowding(slots) == pytest.approx(1.0)
+    views = [SeqView(i, "auto", AUTO_SIZE, 10, 50) for i in range(4)]
+    assert merged_controller().crowding(views) == pytest.approx(0.001 / (0.013 / 4), rel=1e-6)   # base(5) - base(4) over base(4) / 4
+    assert merged_controller(CROWDED_COST).crowding(views) == pytest.approx(1.0)
     ctl = merged_controller()
-    ctl.plan(slots)
+    ctl.plan(views)
     assert not ctl.crowded
     ctl = merged_controller(CROWDED_COST)
-    ctl.plan(slots)
+    ctl.plan(views)
     assert ctl.crowded
 
 
 def test_in_a_crowded_step_a_cheap_part_drafts_only_where_its_drafts_are_kept():
-    slot = Slot(0, "auto", AUTO, 10, 50)
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
     calm, crowded = merged_controller(), merged_controller(CROWDED_COST)
     for ctl in (calm, crowded):                        # cheap to draft: 1% of a pass
         ctl.observe_draft("auto/cheap", 0.0001, 1)
-        ctl.kept[(0, "auto/cheap")] = 0                # its last draft was not kept
-    assert calm.plan([slot]).parts[0]["cheap"] == 16   # calm: the whole budget, kept or not
-    assert crowded.plan([slot]).parts[0]["cheap"] == 0
-    crowded.kept[(0, "auto/cheap")] = 2
-    assert crowded.plan([slot]).parts[0]["cheap"] == 6                          # near what was kept: 2 * 2 + 2
-    fresh = Slot(1, "auto", AUTO, 10, 50)
+        ctl.parts.history.kept[(0, "auto/cheap")] = 0                # its last draft was not kept
+    assert calm.plan([view]).parts[0]["cheap"] == 16   # calm: the whole budget, kept or not
+    assert crowded.plan([view]).parts[0]["cheap"] == 0
+    crowded.parts.history.kept[(0, "auto/cheap")] = 2
+    assert crowded.plan([view]).parts[0]["cheap"] == 6                          # near what was kept: 2 * 2 + 2
+    fresh = SeqView(1, "auto", AUTO_SIZE, 10, 50)
     assert crowded.plan([fresh]).parts[1]["cheap"] == 2                         # a new sequence: a small look
     plan = crowded.plan([fresh])
     origins = [{"cheap": 0.3}, {"cheap": 0.3}]         # worth less than the row each node costs
-    props = {1: DraftProposal([1, 2], None, None, [0.3, 0.3], None, origins)}
+    props = {1: MergedProposal([1, 2], None, None, [0.3, 0.3], origins=origins)}
     crowded.keep([fresh], props, plan)
     assert props[1].tokens == [] and crowded.plan([fresh]).parts[1]["cheap"] == 0
 
@@ -215,19 +216,19 @@ def test_a_part_probe_succeeds_only_when_the_target_takes_its_node():
     only when the target accepted it, else the wait doubles."""
     ctl = merged_controller(CROWDED_COST)
     ctl.observe_draft("auto/cheap", 0.0001, 1)
-    slot = Slot(0, "auto", AUTO, 10, 50)
-    ctl.kept[(0, "auto/cheap")] = 0
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
+    ctl.parts.history.kept[(0, "auto/cheap")] = 0
     gaps = []
     for accepted in ([], [], [0]):
-        while (0, "cheap") not in (plan := ctl.plan([slot])).part_probes:
+        while (0, "cheap") not in (plan := ctl.plan([view])).part_probes:
             assert plan.parts[0]["cheap"] == 0
-            ctl.learn(slot, DraftProposal([]), [], plan)
-        props = {0: DraftProposal([7, 8], None, None, [0.01, 0.01], None, [{"cheap": 0.01}] * 2)}
-        ctl.keep([slot], props, plan)
+            ctl.learn(view, DraftProposal([]), [], plan)
+        props = {0: MergedProposal([7, 8], None, None, [0.01, 0.01], origins=[{"cheap": 0.01}] * 2)}
+        ctl.keep([view], props, plan)
         assert props[0].tokens == [7]                                           # the probe: its best root
-        ctl.learn(slot, props[0], accepted, plan)
-        gaps.append(ctl.probe(slot, "auto/cheap").gap)
-        ctl.kept[(0, "auto/cheap")] = 0
+        ctl.learn(view, props[0], accepted, plan)
+        gaps.append(ctl.parts.history.probe(0, "auto/cheap").gap)
+        ctl.parts.history.kept[(0, "auto/cheap")] = 0
     assert gaps == [16, 32, 8]
 
 
@@ -235,12 +236,12 @@ def test_a_merging_drafter_is_probed_part_by_part_never_as_a_whole():
     """An idle auto sequence gets no probe of the merged drafter as a whole (which would force a node
     of whichever part drafted into every pass): only each part's own probe keeps a node."""
     ctl = merged_controller(CROWDED_COST)
-    slot = Slot(0, "auto", AUTO, 10, 50)
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
     for _ in range(40):
-        plan = ctl.plan([slot])
+        plan = ctl.plan([view])
         assert not plan.probed
-        ctl.keep([slot], {0: DraftProposal([])}, plan)
-        ctl.learn(slot, DraftProposal([]), [], plan)
+        ctl.keep([view], {0: DraftProposal([])}, plan)
+        ctl.learn(view, DraftProposal([]), [], plan)
 
 
 def test_a_new_request_inherits_a_floored_calibration():
@@ -256,17 +257,17 @@ def test_a_part_that_drafted_nothing_still_counts_towards_its_probe(target):
     never be probed again)."""
     ctl = merged_controller()
     ctl.observe_draft("auto/costly", 0.004, 1)
-    slot = Slot(0, "auto", AUTO, 10, 50)
-    ctl.kept[(0, "auto/costly")] = 0
+    view = SeqView(0, "auto", AUTO_SIZE, 10, 50)
+    ctl.parts.history.kept[(0, "auto/costly")] = 0
     for _ in range(3):
-        plan = ctl.plan([slot])
-        ctl.keep([slot], {0: DraftProposal([])}, plan)
-        ctl.learn(slot, DraftProposal([]), [], plan)
-    assert ctl.probe(slot, "auto/costly").idle == 3
+        plan = ctl.plan([view])
+        ctl.keep([view], {0: DraftProposal([])}, plan)
+        ctl.learn(view, DraftProposal([]), [], plan)
+    assert ctl.parts.history.probe(0, "auto/costly").idle == 3
 
 
 # ------------------------------------------------------------------ through the engine
-@pytest.mark.parametrize("k", [AUTO, 8, 3])
+@pytest.mark.parametrize("k", [AUTO_SIZE, 8, 3])
 def test_auto_greedy_is_plain_decoding_alone_and_batched(target, k):
     parts = {"ngram-tree": create("ngram-tree", target), "suffix": create("suffix", target, own=0),
              "eagle": create("eagle", target, head=tiny_head("eagle", target), topk=3, depth=4)}
@@ -278,7 +279,7 @@ def test_auto_greedy_is_plain_decoding_alone_and_batched(target, k):
         out = eng.generate([Request(p, 50, drafter="auto", num_draft=k) for p in batch])
         assert [o.tokens for o in out] == [o.tokens for o in plain[:len(batch)]]
         assert all(o.stats.drafter_faults == 0 for o in out)
-    if k != AUTO:
+    if k != AUTO_SIZE:
         assert sum(o.stats.to_dict()["mean_accepted_length"] for o in out) > 3    # it did draft and accept
     assert part_key("auto", "eagle") in eng.controller.draft_s                 # each part's cost is measured
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from specserve.control import (AUTO, AcceptanceModel, Candidate, Controller, CostModel, ProbeState, Slot, StepPlan,
-                               Traits, calibrate, choose)
-from specserve.control.controller import INHERITED_GAP, PROBE_SHARE
+from specserve.control import (DEFAULTS, AcceptanceModel, Candidate, Controller, CostModel, ProbeState, SeqView,
+                               StepPlan, Traits, calibrate, choose)
 from specserve.drafters import create
 from specserve.drafters.base import DraftProposal
 from specserve.engine import Engine, Request
+from specserve.limits import AUTO_SIZE
 
 FLAT = CostModel([1, 64], [0.010, 0.0101], 0.0)            # extra tokens nearly free
 STEEP = CostModel([1, 2, 64], [0.010, 0.020, 0.640], 0.0)   # every extra token costs a whole pass
@@ -87,20 +87,20 @@ def test_probe_backoff():
 
 def test_a_new_sequence_inherits_its_drafters_probe_gap_up_to_a_bound(target):
     """After a drafter's probes failed on one request, the next request of that drafter waits as long
-    before its first probe, but never longer than ``INHERITED_GAP`` (so one kind of prompt cannot
+    before its first probe, but never longer than ``ControllerConfig.inherited_gap`` (so one kind of prompt cannot
     switch the drafter off for the next kind); a successful probe gives the short gap back."""
     eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
     eng.controller.cost = MODERATE.fresh()
-    eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO)])
-    gap = eng.controller.drafter_gap["o"]
+    eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO_SIZE)])
+    gap = eng.controller.history.gaps["o"]
     assert gap >= 16                                                               # probes failed and backed off
-    eng.generate([Request(PROMPTS[1], 130, drafter="o", num_draft=AUTO)])
-    assert eng.controller.drafter_gap["o"] > INHERITED_GAP                        # backed off further
-    s = Slot(99, "o", AUTO, 10, 50)
-    assert eng.controller.probe(s).gap == INHERITED_GAP
-    assert eng.controller.probe(Slot(98, "other", AUTO, 10, 50)).gap == ProbeState.gap
+    eng.generate([Request(PROMPTS[1], 130, drafter="o", num_draft=AUTO_SIZE)])
+    assert eng.controller.history.gaps["o"] > DEFAULTS.inherited_gap                        # backed off further
+    s = SeqView(99, "o", AUTO_SIZE, 10, 50)
+    assert eng.controller.probe(s).gap == DEFAULTS.inherited_gap
+    assert eng.controller.probe(SeqView(98, "other", AUTO_SIZE, 10, 50)).gap == DEFAULTS.probe_gap
     eng.controller.learn(s, DraftProposal([5]), [0], StepPlan({99: 1}, {99}))   # an accepted probe
-    assert eng.controller.drafter_gap["o"] == ProbeState.gap
+    assert eng.controller.history.gaps["o"] == DEFAULTS.probe_gap
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def plain(target):
 def run(target, name, drafter, cost, prompts, n=60, batch=1):
     eng = Engine(target, {name: drafter}, max_batch=batch, max_len=160)
     eng.controller.cost = cost.fresh()        # a copy: the engine corrects its own, never the shared one
-    return eng.generate([Request(p, n, drafter=name, num_draft=AUTO) for p in prompts])
+    return eng.generate([Request(p, n, drafter=name, num_draft=AUTO_SIZE) for p in prompts])
 
 
 def test_auto_picks_zero_when_nothing_is_accepted(target, plain):
@@ -192,14 +192,14 @@ def test_future_gain_counts_toward_keeping_a_node_but_not_toward_calibration(tar
     eng.controller.cost = MODERATE.fresh()
     prop = DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0], [0.0, 0.5])
     proposals = {0: prop}
-    slot, plan = Slot(0, "x", AUTO, 10, 50), StepPlan({0: 2})
-    eng.controller.keep([slot], proposals, plan)
+    view, plan = SeqView(0, "x", AUTO_SIZE, 10, 50), StepPlan({0: 2})
+    eng.controller.keep([view], proposals, plan)
     assert proposals[0].tokens == [4] and proposals[0].future_gain == [0.5]
     before = eng.controller.acceptance.calibration("x", 0)
-    eng.controller.learn(slot, proposals[0], [], plan)
+    eng.controller.learn(view, proposals[0], [], plan)
     assert eng.controller.acceptance.calibration("x", 0) == before
     proposals = {0: DraftProposal([3, 4], None, [-1, -1], [0.0, 0.0])}                 # no future gain: nothing kept
-    eng.controller.keep([slot], proposals, plan)
+    eng.controller.keep([view], proposals, plan)
     assert proposals[0].tokens == []
 
 
@@ -227,11 +227,11 @@ def test_plan_budgets_by_hand():
     ctl = controller(cost=FLAT)
     for _ in range(20):
         ctl.acceptance.observe("chain", 0, reached=8, accepted=8, predicted=None)
-    slots = [Slot(0, "chain", AUTO, 10, 50), Slot(1, "conf", AUTO, 10, 50), Slot(2, "chain", 3, 10, 50),
-             Slot(3, "conf", AUTO, 10, 0)]
-    plan = ctl.plan(slots)
+    views = [SeqView(0, "chain", AUTO_SIZE, 10, 50), SeqView(1, "conf", AUTO_SIZE, 10, 50), SeqView(2, "chain", 3, 10, 50),
+             SeqView(3, "conf", AUTO_SIZE, 10, 0)]
+    plan = ctl.plan(views)
     assert plan.budgets == {0: 8, 1: 12, 2: 3, 3: 0} and plan.probed == set()
-    assert controller(cost=STEEP).plan(slots[:1]).budgets == {0: 0}              # every extra token a whole pass
+    assert controller(cost=STEEP).plan(views[:1]).budgets == {0: 0}              # every extra token a whole pass
 
 
 def test_chain_budget_charges_the_drafting_cost():
@@ -240,40 +240,40 @@ def test_chain_budget_charges_the_drafting_cost():
     ctl = controller(cost=FLAT)
     for _ in range(30):
         ctl.acceptance.observe("chain", 0, reached=4, accepted=2, predicted=None)
-    slot = Slot(0, "chain", AUTO, 10, 50)
-    assert ctl.plan([slot]).budgets[0] > 0
+    view = SeqView(0, "chain", AUTO_SIZE, 10, 50)
+    assert ctl.plan([view]).budgets[0] > 0
     ctl.observe_draft("chain", 0.050, 1)                                           # 50 ms a proposal
-    assert ctl.plan([slot]).budgets[0] == 0
+    assert ctl.plan([view]).budgets[0] == 0
 
 
 def test_a_costly_unkept_drafter_drafts_only_to_probe():
     ctl = controller()
     ctl.observe_draft("conf", 0.005, 1)                                            # half a 10 ms pass: costly
-    slot = Slot(0, "conf", AUTO, 10, 50)
-    ctl.kept[(0, "conf")] = 0                                                      # its last draft was not kept
-    wait = math.ceil(0.005 / (PROBE_SHARE * 0.010))                                # 25 steps: a probe costs at
-    assert wait > ProbeState.gap                                                   # most PROBE_SHARE of them
+    view = SeqView(0, "conf", AUTO_SIZE, 10, 50)
+    ctl.history.kept[(0, "conf")] = 0                                              # its last draft was not kept
+    wait = math.ceil(0.005 / (DEFAULTS.probe_share * 0.010))                       # 25 steps: a probe costs at
+    assert wait > DEFAULTS.probe_gap                                               # most probe_share of them
     for _ in range(wait):
-        plan = ctl.plan([slot])
+        plan = ctl.plan([view])
         assert plan.budgets[0] == 0 and not plan.probed
-        ctl.learn(slot, DraftProposal([]), [], plan)
-    plan = ctl.plan([slot])
+        ctl.learn(view, DraftProposal([]), [], plan)
+    plan = ctl.plan([view])
     assert plan.probed == {0} and plan.budgets[0] == 2                             # due: a small probe
-    ctl.kept[(0, "conf")] = 3
-    assert ctl.plan([slot]).budgets[0] == 8                                        # near what was kept: 2 * 3 + 2
-    new = Slot(1, "conf", AUTO, 10, 50)
+    ctl.history.kept[(0, "conf")] = 3
+    assert ctl.plan([view]).budgets[0] == 8                                        # near what was kept: 2 * 3 + 2
+    new = SeqView(1, "conf", AUTO_SIZE, 10, 50)
     assert ctl.plan([new]).budgets[1] == 2                                         # a new sequence: a small look
     assert controller().plan([new]).budgets[1] == 12                               # not costly: the largest draft
 
 
 def test_forget_drops_a_sequences_state():
     ctl = controller()
-    slot = Slot(7, "chain", AUTO, 10, 50)
-    plan = ctl.plan([slot])
-    ctl.learn(slot, DraftProposal([1, 2]), [0], plan)
-    ctl.kept[(7, "chain")] = 1
+    view = SeqView(7, "chain", AUTO_SIZE, 10, 50)
+    plan = ctl.plan([view])
+    ctl.learn(view, DraftProposal([1, 2]), [0], plan)
+    ctl.history.kept[(7, "chain")] = 1
     ctl.forget(7)
-    assert not ctl.probes and not ctl.kept and not ctl.acceptance.by_seq
+    assert not ctl.history.probes and not ctl.history.kept and not ctl.acceptance.by_seq
     assert "chain" in ctl.acceptance.by_drafter                                    # the drafter's history stays
 
 
@@ -314,7 +314,7 @@ def test_an_engine_measures_at_construction_never_in_a_step(target, monkeypatch)
     eng = Engine(target, {"o": create("oracle", target, alpha=0.8), "none": create("none", target)}, max_batch=2,
                  max_len=160)
     monkeypatch.setattr(measure, "calibrate", lambda *a, **k: pytest.fail("measured inside a request"))
-    outs = eng.generate([Request(PROMPTS[0], 20, drafter="o", num_draft=AUTO), Request(PROMPTS[1] * 3, 20)])
+    outs = eng.generate([Request(PROMPTS[0], 20, drafter="o", num_draft=AUTO_SIZE), Request(PROMPTS[1] * 3, 20)])
     assert all(len(o.tokens) == 20 for o in outs)
 
 
@@ -326,12 +326,12 @@ def test_drawn_nodes_are_trimmed_by_their_depths_never_by_their_own_draws():
     (deterministic nodes, which verification accepts exactly however chosen) are trimmed by their
     confidences."""
     c = controller()
-    slot, plan = Slot(0, "conf", AUTO, 10, 50), StepPlan({0: 2})
+    view, plan = SeqView(0, "conf", AUTO_SIZE, 10, 50), StepPlan({0: 2})
     q = torch.full((2, 8), 1 / 8)
 
     def kept(probs, conf):
         props = {0: DraftProposal([3, 4], probs, None, conf)}
-        c.keep([slot], props, plan)
+        c.keep([view], props, plan)
         return props[0].tokens
     assert kept(q, [0.95, 0.9]) == kept(q, [0.01, 0.005])
     assert kept(None, [0.95, 0.9]) == [3, 4] and kept(None, [0.01, 0.005]) == []

@@ -100,7 +100,7 @@ def test_under_grammar_builds_the_proposal(grammar_vocab):
     out = under_grammar(prop, Shaper(g, SamplingParams(), [1], VOCAB), room=8, max_depth=8, jump=True)
     # z below y; beside x (one-hot, so deterministic) at the root, the forced "xyz" spelt xy z
     assert out.tokens == [ix["x"], ix["y"], ix["z"], ix["xy"], ix["z"]] and out.parents == [-1, 0, 1, -1, 3]
-    assert out.forced == 3 and out.own == 2 and out.confidence == [0.9, 0.4, 1.0, 1.0, 1.0]
+    assert out.forced == 3 and out.drafter_nodes == 2 and out.confidence == [0.9, 0.4, 1.0, 1.0, 1.0]
     assert all(out.probs[n, out.tokens[n]] == 1 and out.probs[n].sum() == 1 for n in (2, 3, 4))
     own, path = out.drafted([0, 1, 2])
     assert own.tokens == prop.tokens and path == [0, 1]

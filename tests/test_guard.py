@@ -8,11 +8,12 @@ import time
 import pytest
 
 from conftest import tiny_model
-from specserve.control import AUTO, Controller, CostModel, Slot, Traits
+from specserve.control import Controller, CostModel, SeqView, Traits
 from specserve.control.guard import DRAFT, MAX_GAP, MIN_GAP, PLAIN, WARMUP, Guard, level
 from specserve.drafters import create
 from specserve.drafters.base import DraftProposal, Drafter
 from specserve.engine import Engine, Request
+from specserve.limits import AUTO_SIZE
 
 FLAT = CostModel([1, 2, 64], [0.010, 0.0101, 0.011], 0.0)
 
@@ -86,7 +87,7 @@ def test_plans_under_each_arm():
     """A plain step gives every auto sequence a budget of 0 and probes nothing; a fixed draft size is
     kept; a step with no auto sequence asks the guard nothing (its arm is None)."""
     ctl = Controller({"d": Traits(8, True)}, FLAT, max_draft=32, thread_choices=(1,))
-    auto, fixed = Slot(0, "d", AUTO, 10, 50), Slot(1, "d", 3, 10, 50)
+    auto, fixed = SeqView(0, "d", AUTO_SIZE, 10, 50), SeqView(1, "d", 3, 10, 50)
     arms = []
     for _ in range(2 * WARMUP):
         plan = ctl.plan([auto, fixed])
@@ -165,7 +166,7 @@ def test_an_engine_stops_drafting_that_does_not_pay_and_keeps_every_token(target
     prompt = [5, 6, 7, 8]
     plain = Engine(target, {"none": create("none", target)}).generate([Request(prompt, 48)])[0].tokens
     text = prompt + plain
-    req = Request(prompt, 48, drafter="o", num_draft=AUTO)
+    req = Request(prompt, 48, drafter="o", num_draft=AUTO_SIZE)
     clock = FakeClock()
     off_eng, eng = (Engine(target, {"o": SlowOracle(text, clock)}, cost=FLAT.fresh(), guard=g) for g in (False, True))
     monkeypatch.setattr(time, "perf_counter", clock)

@@ -19,14 +19,11 @@ def modules() -> dict[str, pathlib.Path]:
 
 
 def imports(mod: str, path: pathlib.Path, known: set[str]) -> set[str]:
-    """Modules of specserve that ``mod`` imports at run time (not under TYPE_CHECKING)."""
+    """Modules of specserve that ``mod`` imports, anywhere (under TYPE_CHECKING too: a type-only import
+    back is still a cycle of design)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)}
     out = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out |= {t for t in [node.module] + [f"{node.module}.{a.name}" for a in node.names] if t in known}
         elif isinstance(node, ast.Import):

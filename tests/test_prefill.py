@@ -8,7 +8,8 @@ from specserve.control import CostModel, PrefillPolicy, prefill_shares
 from specserve.drafters import create
 from specserve.engine import Engine, Request
 from specserve.errors import SpecserveError
-from specserve.prefix_cache import BLOCK, PrefixCache
+from specserve.limits import PREFIX_BLOCK as BLOCK
+from specserve.prefix_cache import PrefixCache
 from specserve.sampling import SamplingParams
 
 G = torch.Generator().manual_seed(7)

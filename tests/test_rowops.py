@@ -74,12 +74,12 @@ def _random_tree(g: torch.Generator, n: int, vocab: int, chain: bool) -> tuple[l
 
 
 @native
-def test_native_greedy_verify_equals_the_tensor_reference():
+def test_native_greedy_walk_equals_the_tensor_reference():
     """300 random passes of 1-6 rows, chains and trees of 0-12 nodes over a 5-token vocabulary
     (ties among siblings and among the deepest paths are common), logits rows of small integers
     (ties inside a row), rows strided inside a wider pass: the native walk's paths and emitted
     tokens equal ``greedy_tree_verify_argmax`` / ``greedy_verify_argmax`` on torch's argmax."""
-    from specserve.models.native import greedy_verify
+    from specserve.models.native import greedy_walk_rows
     from specserve.sampling import SamplingParams
     from specserve.verify.rows import Row, verify_rows
     g = torch.Generator().manual_seed(3)
@@ -95,23 +95,23 @@ def test_native_greedy_verify_equals_the_tensor_reference():
         logits = wide[:, :5]
         rows = [Row(t, None if chain else p, None, o, SamplingParams(), None) for (t, p), o in zip(shapes, offsets)]
         reference = verify_rows(rows, logits)
-        walked = greedy_verify(logits, offsets, [t for t, _ in shapes], None if chain else [p for _, p in shapes])
+        walked = greedy_walk_rows(logits, offsets, [t for t, _ in shapes], None if chain else [p for _, p in shapes])
         assert [(o.path, o.tokens[-1]) for o in reference] == walked, case
-        assert verify_rows(rows, logits, walk_of=greedy_verify) == reference, case
+        assert verify_rows(rows, logits, walk_of=greedy_walk_rows) == reference, case
 
 
 @native
-def test_native_greedy_verify_hand_built():
+def test_native_greedy_walk_hand_built():
     """Pending row argmax 2; nodes 0 (token 2, root) and 1 (token 2, root) tie: node 0's subtree is
     deeper (node 2 under it matches row 1's argmax 4), so the path is [0, 2] and the emitted token is
     node 2's row's argmax (1).  A plain row (no nodes) emits its argmax; a rejected chain emits the
     pending row's; an accepted one the argmax after its last node."""
-    from specserve.models.native import greedy_verify
+    from specserve.models.native import greedy_walk_rows
     rows = torch.full((8, 6), -1.0)
     for r, best in enumerate([2, 4, 0, 1, 3, 5, 0, 3]):
         rows[r, best] = 1.0
-    got = greedy_verify(rows, [0, 4, 5], [[2, 2, 4], [], [1, 1]], [[-1, -1, 0], [], [-1, 0]])
+    got = greedy_walk_rows(rows, [0, 4, 5], [[2, 2, 4], [], [1, 1]], [[-1, -1, 0], [], [-1, 0]])
     assert got == [([0, 2], 1), ([], 3), ([], 5)]
-    assert greedy_verify(rows, [6], [[0]], None) == [([0], 3)]
+    assert greedy_walk_rows(rows, [6], [[0]], None) == [([0], 3)]
     with pytest.raises(ValueError):
-        greedy_verify(rows, [6], [[0, 3]], None)             # rows 6..8: past the pass
+        greedy_walk_rows(rows, [6], [[0, 3]], None)             # rows 6..8: past the pass

@@ -7,8 +7,8 @@ once the spelling is known)."""
 from conftest import grammar_compiler, tiny_model
 from specserve.constrain import GrammarSpec, Shaper
 from specserve.constrain.spelling import Spelling, chain
-from specserve.control import Controller, CostModel, Slot, StepPlan, Traits
-from specserve.control.controller import FORCED_PRIOR, forced_gains
+from specserve.control import DEFAULTS, Controller, CostModel, SeqView, StepPlan, Traits
+from specserve.control.controller import forced_gains
 from specserve.drafters import DraftProposal, create
 from specserve.engine import Engine, Request
 from specserve.sampling import SamplingParams
@@ -91,16 +91,16 @@ def test_forced_nodes_are_priced_at_the_rate_they_are_accepted():
     forced nodes whose parent was accepted (a rejected parent says nothing of the spelling)."""
     ctl = Controller({"d": Traits(8, False)}, CostModel([1, 2, 64], [0.010, 0.011, 0.073], 0.0),
                      max_draft=32, thread_choices=(1,))
-    assert ctl.forced_rate("d") == FORCED_PRIOR
+    assert ctl.forced_rate("d") == DEFAULTS.forced_prior
     prop = DraftProposal([11, 12, 13], None, [-1, 0, 1], forced=2)     # node 0 the drafter's, 1 and 2 forced
     assert forced_gains(prop, [0.5, 0.0, 0.0], 0.8) == [0.5, 0.5 * 0.8, 0.5 * 0.8 * 0.8]
-    slot = Slot(0, "d", 4, 10, 50)
-    ctl.learn(slot, prop, [], StepPlan({0: 4}))                        # the drafter's node rejected
-    assert ctl.forced_rate("d") == FORCED_PRIOR
-    ctl.learn(slot, prop, [0], StepPlan({0: 4}))                       # the first forced node rejected
+    view = SeqView(0, "d", 4, 10, 50)
+    ctl.learn(view, prop, [], StepPlan({0: 4}))                        # the drafter's node rejected
+    assert ctl.forced_rate("d") == DEFAULTS.forced_prior
+    ctl.learn(view, prop, [0], StepPlan({0: 4}))                       # the first forced node rejected
     low = ctl.forced_rate("d")
-    assert low < FORCED_PRIOR
-    ctl.learn(slot, prop, [0, 1, 2], StepPlan({0: 4}))                 # both accepted
+    assert low < DEFAULTS.forced_prior
+    ctl.learn(view, prop, [0, 1, 2], StepPlan({0: 4}))                 # both accepted
     assert ctl.forced_rate("d") > low
 
 
@@ -110,8 +110,8 @@ def test_forced_nodes_alone_are_not_charged_the_drafters_seconds():
     drafter's own would carry the drafting cost, and is not kept."""
     from specserve.control import Candidate, choose
     flat = CostModel([1, 64], [0.010, 0.0101], 0.0)
-    forced_only = Candidate(0, 10, [0.9], [-1], draft_s=0.050, own=0)
+    forced_only = Candidate(0, 10, [0.9], [-1], draft_s=0.050, drafter_nodes=0)
     assert choose([forced_only], flat)[0] == {0: [0]}
-    own = Candidate(0, 10, [0.9], [-1], draft_s=0.050, own=1)
+    own = Candidate(0, 10, [0.9], [-1], draft_s=0.050, drafter_nodes=1)
     assert choose([own], flat)[0] == {0: []}
     assert choose([Candidate(0, 10, [0.9], [-1], draft_s=0.050)], flat)[0] == {0: []}

@@ -47,6 +47,16 @@ def _write_json(path: str | None, doc: dict) -> None:
         raise SpecserveError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _run_logged(args: argparse.Namespace, cfg, run, render) -> int:
+    """``run(cfg, runtime options, log)`` with each log line printed as it comes, then ``render``'s
+    report of its document; the document into ``--json`` where asked (checked writable first)."""
+    _writable(args.json, "--json")
+    doc = run(cfg, runtime_options(args), log=lambda line: print(line, flush=True))
+    print(render(doc))
+    _write_json(args.json, doc)
+    return 0
+
+
 def _methods(text: str) -> list[str]:
     """Comma-separated drafter specs, each checked (a typo is refused before the model loads)."""
     from specserve.bench.runner import Method
@@ -118,11 +128,7 @@ def cmd_interleaved(args: argparse.Namespace) -> int:
 
     cfg = InterleavedConfig(_methods(args.methods), args.concurrency, args.num_prompts, args.rounds, args.max_tokens,
                             args.prompts, args.model, args.temperature)
-    _writable(args.json, "--json")
-    doc = run_interleaved(cfg, runtime_options(args), log=lambda line: print(line, flush=True))
-    print(render_interleaved(doc))
-    _write_json(args.json, doc)
-    return 0
+    return _run_logged(args, cfg, run_interleaved, render_interleaved)
 
 
 def _steps_parser(p: argparse.ArgumentParser) -> None:
@@ -189,11 +195,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         call_format(args.tool_parser)
     cfg = AgentConfig(_methods(args.methods), args.workload, args.conversations, args.max_tokens, args.model,
                       args.parallel_tool_calls, args.tool_parser)
-    _writable(args.json, "--json")
-    doc = run_agent(cfg, runtime_options(args), log=lambda line: print(line, flush=True))
-    print(render_agent(doc))
-    _write_json(args.json, doc)
-    return 0
+    return _run_logged(args, cfg, run_agent, render_agent)
 
 
 _PARSERS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {

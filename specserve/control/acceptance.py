@@ -6,8 +6,8 @@ rates up to d; for a node with a drafter-supplied confidence, that confidence ti
 factor learnt from what was accepted.  ``AcceptanceModel`` keeps, per sequence and per drafter,
 exponentially decayed counts of acceptance at each depth and of predicted against accepted tokens
 for confidence-carrying drafts; a new sequence starts from its drafter's recent history (the
-prior), whose weight is bounded and whose calibration is floored (``prior_floor``), so one kind of
-prompt cannot decide the next kind's draft alone.
+prior), whose weight is bounded and whose calibration is floored (``ControllerConfig.prior_floor``),
+so one kind of prompt cannot decide the next kind's draft alone.
 
 Its decayed counts fade as ``specserve.averages`` does.
 """
@@ -15,6 +15,8 @@ Its decayed counts fade as ``specserve.averages`` does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from specserve.control.config import DEFAULTS, ControllerConfig
 
 
 @dataclass
@@ -43,11 +45,10 @@ class _Counts:
 class AcceptanceModel:
     """Acceptance per sequence, with its drafter's recent history as the prior."""
 
-    def __init__(self, prior_weight: float = 3.0, decay: float = 0.9, drafter_decay: float = 0.98,
-                 initial_rate: float = 0.5, prior_floor: float = 0.2):
-        self.prior_weight, self.decay, self.drafter_decay = prior_weight, decay, drafter_decay
-        self.prior_floor = prior_floor
-        self.initial_rate = initial_rate
+    def __init__(self, config: ControllerConfig = DEFAULTS):
+        self.prior_weight, self.decay, self.drafter_decay = config.prior_weight, config.seq_decay, config.drafter_decay
+        self.prior_floor = config.prior_floor
+        self.initial_rate = config.initial_rate
         self.by_seq: dict[tuple[str, int], _Counts] = {}     # (drafter, seq_id): a merging drafter's parts apart
         self.by_drafter: dict[str, _Counts] = {}
 

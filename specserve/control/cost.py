@@ -12,6 +12,7 @@ import bisect
 from dataclasses import dataclass, replace
 
 from specserve.averages import decayed
+from specserve.control.config import DEFAULTS
 
 LONG_RUN = 16      # a sequence's run of this many tokens in a pass (a prompt chunk) has its own measured attention term
 
@@ -58,11 +59,13 @@ class CostModel:
         """``raw`` times the online correction: the machine as it has been lately."""
         return self.scale * self.raw(lengths, contexts)
 
-    def observe(self, lengths: list[int], contexts: list[int], seconds: float, weight: float = 0.2) -> None:
-        """Fold a measured pass time into the correction factor."""
+    def observe(self, lengths: list[int], contexts: list[int], seconds: float, weight: float = DEFAULTS.cost_weight,
+                clamp: tuple[float, float] = DEFAULTS.cost_ratio) -> None:
+        """Fold a measured pass time into the correction factor (``weight`` and ``clamp``:
+        ``ControllerConfig.cost_weight`` and ``cost_ratio``)."""
         raw = self.raw(lengths, contexts)
         if raw > 0 and seconds > 0:
-            ratio = min(max(seconds / raw, 0.1), 20.0)
+            ratio = min(max(seconds / raw, clamp[0]), clamp[1])
             self.scale = decayed(self.scale if self.observed else None, ratio, weight)
             self.observed += 1
 

@@ -7,7 +7,7 @@ else runs, otherwise as much as keeps the step within ``stall`` times a decoding
 batch (every sequence one token, the prompts' included), so the running streams' inter-token
 latency stays within about ``stall`` times its usual value while prompts enter.  Prompts that one
 chunk can finish go first (a short prompt does not wait behind a long one), each class first come
-first served.  Chunks end at multiples of ``prefix_cache.BLOCK`` (unless they end the prompt), so
+first served.  Chunks end at multiples of ``limits.PREFIX_BLOCK`` (unless they end the prompt), so
 every block of a prompt lies in one chunk.
 
 The bits do not depend on the chunking: on a batch-invariant runtime each position's keys,
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from specserve.control.cost import CostModel
 from specserve.errors import SpecserveError
-from specserve.prefix_cache import BLOCK
+from specserve.limits import PREFIX_BLOCK
 
 PREFILL_CHUNK = 256     # the default chunk: most prompt tokens one pass takes
 PREFILL_STALL = 5.0     # the default stall: a step with prompt chunks may take this many times a decoding step
@@ -36,8 +36,9 @@ class PrefillPolicy:
 
     def check(self) -> None:
         """Refuse settings that cannot work (at construction: nothing is rewritten silently)."""
-        if self.chunk is not None and (self.chunk < BLOCK or self.chunk % BLOCK):
-            raise SpecserveError(f"prefill chunk must be a positive multiple of {BLOCK} tokens, got {self.chunk}")
+        if self.chunk is not None and (self.chunk < PREFIX_BLOCK or self.chunk % PREFIX_BLOCK):
+            raise SpecserveError(f"prefill chunk must be a positive multiple of {PREFIX_BLOCK} tokens, "
+                                 f"got {self.chunk}")
         if not self.stall >= 1.0:
             raise SpecserveError(f"prefill stall must be >= 1 (times a decoding step of the batch), got {self.stall}")
         if not self.prefix_cache_mb >= 0:
@@ -61,7 +62,7 @@ def plan_chunks(policy: PrefillPolicy, cost: CostModel, most: int, lengths: list
     order = sorted(range(len(prompts)), key=lambda i: prompts[i].left > most)      # stable
     limit = cost if policy.chunk is not None else None
     shares = prefill_shares(limit, lengths, contexts, [(prompts[i].cached, prompts[i].left) for i in order],
-                            most, BLOCK, policy.stall)
+                            most, PREFIX_BLOCK, policy.stall)
     return [(i, n) for i, n in zip(order, shares) if n > 0]
 
 

@@ -4,13 +4,13 @@ Which drafter wins depends on the work: prompt lookup where the output copies th
 of earlier requests where the work repeats, a learned head where there is nothing to copy.  ``auto``
 holds several drafters, its **parts** (by default ``ngram-tree`` and ``suffix`` over its corpus of
 earlier requests alone; a learned head such as ``eagle`` when named: ``parts=ngram-tree+suffix/own=0+eagle``;
-its features cost every target pass whether it drafts or not, which on a CPU outweighs what it adds),
+its features cost every target pass whether it drafts or not: BENCHMARKS.md, section 17),
 asks each for a proposal within the node budget the controller gives
 that part (``DraftRequest.parts``), and merges them:
 
 - **Deterministic parts** (one-hot q: lookup, a corpus, a head's top-k tree under greedy decoding)
   are merged into one trie: a path drafted by several parts appears once, and its node records, in
-  ``DraftProposal.origins``, every part that proposed it with that part's own confidence.
+  ``MergedProposal.origins``, every part that proposed it with that part's own confidence.
 - **Sampled parts** (a head's draws under sampling, ``probs`` set) are kept whole, each as its own
   subtree below the pending token, after the trie's nodes: a drawn node is never merged into
   another node (that would change the law it was drawn under), and the trie's nodes are fixed
@@ -41,15 +41,16 @@ from typing import Any
 
 import torch
 
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, MergingDrafter, option
+from specserve.drafters.base import (DraftProposal, DraftRequest, Drafter, Feedback, MergedProposal, MergingDrafter,
+                                     option)
 from specserve.drafters.registry import create, drafter_class, register, resolve_options
 from specserve.errors import SpecserveError
 from specserve.limits import MAX_DRAFT, NO_LIMIT
 from specserve.trees import is_chain, one_hot_rows
 
 DEFAULT_PARTS = "ngram-tree+suffix/own=0"   # "default": suffix matches the corpus alone (ngram-tree has the
-                                            # text); a learned head joins when named (its features cost
-                                            # every pass, drafting or not: BENCHMARKS.md measures it)
+                                            # text); a learned head joins when named (why not by default:
+                                            # BENCHMARKS.md, section 17)
 
 
 def parse_parts(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -143,7 +144,7 @@ class AutoDrafter(MergingDrafter):
         return {"parts": {name: p.describe() for name, p in self._parts.items()}}
 
     # ------------------------------------------------------------------ proposals
-    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+    def propose(self, requests: list[DraftRequest]) -> list[MergedProposal]:
         by_part: dict[str, list[DraftProposal | None]] = {}
         shares: list[dict[str, float]] = [{} for _ in requests]   # each part's seconds, per request asked
         for name, part in self._parts.items():
@@ -162,7 +163,7 @@ class AutoDrafter(MergingDrafter):
         for i, r in enumerate(requests):
             mine = {name: got[i] for name, got in by_part.items() if got[i] is not None and len(got[i])}
             self.last[r.seq_id] = {name: (p, p.paths()) for name, p in mine.items()}
-            out.append(replace(merge(mine, r.k), part_seconds=shares[i]))
+            out.append(replace(merge(mine, r.k), part_draft_s=shares[i]))
         return out
 
     # ------------------------------------------------------------------ feedback, per part
@@ -188,7 +189,7 @@ def _budget(r: DraftRequest, part: str) -> int:
     return r.k if r.parts is None else r.parts.get(part, 0)
 
 
-def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
+def merge(props: dict[str, DraftProposal], k: int) -> MergedProposal:
     """The parts' proposals as one tree of at most ``k`` nodes (the module docstring's law): the
     deterministic ones merged into a trie, emitted depth-first, best child first; then each sampled
     one whole, as its own subtree.  ``origins``: per node, each proposing part's confidence."""
@@ -198,7 +199,7 @@ def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
         (name, p), = fixed.items()
         p = p.truncated(k, NO_LIMIT)
         conf = p.confidence or [1.0] * len(p)
-        return replace(p, confidence=conf, future_gain=None, origins=[{name: c} for c in conf])
+        return MergedProposal(p.tokens, p.probs, p.parents, conf, forced=p.forced, origins=[{name: c} for c in conf])
     tokens, parents, origins = _trie(fixed, k)
     probs_rows: list[torch.Tensor] = []
     for name, p in drawn.items():
@@ -213,7 +214,7 @@ def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
         origins += [{name: c} for c in conf]
         probs_rows.append(p.probs)
     if not tokens:
-        return DraftProposal([])
+        return MergedProposal([])
     probs = None
     if probs_rows:
         vocab = probs_rows[0].shape[1]
@@ -221,7 +222,7 @@ def merge(props: dict[str, DraftProposal], k: int) -> DraftProposal:
         head = one_hot_rows(tokens[:n_fixed], vocab, probs_rows[0].dtype, probs_rows[0].device)
         probs = torch.cat([head] + probs_rows)
     conf = [max(o.values()) for o in origins]
-    return DraftProposal(tokens, probs, None if is_chain(parents) else parents, conf, None, origins)
+    return MergedProposal(tokens, probs, None if is_chain(parents) else parents, conf, origins=origins)
 
 
 def _trie(props: dict[str, DraftProposal], k: int) -> tuple[list[int], list[int], list[dict[str, float]]]:

@@ -125,23 +125,23 @@ class DraftRequest:
                                           # chosen by the controller; None: every part gets ``k``
 
 
+def per_node(forced_value: Callable[[], Any]) -> Any:
+    """An optional per-node list field of a proposal (None: not given): ``subset`` picks its kept
+    entries, and a node a grammar forces (``with_forced``) gets ``forced_value()``."""
+    return field(default=None, metadata={"per_node": forced_value})
+
+
 @dataclass
 class DraftProposal(trees.Nodes):
     tokens: list[int]                        # N node tokens, topological order
     probs: Tensor | None = None              # [N, V] q per node (see the module docstring); None: one-hot
     parents: list[int] | None = None         # N parent indices (-1: child of the pending token); None: a chain
-    confidence: list[float] | None = None    # optional per-node score in [0, 1] (higher: likelier accepted)
-    future_gain: list[float] | None = None   # optional per-node tokens expected in *later* steps from running
-                                             # the node (lookahead's window: the n-grams its outputs add to the
-                                             # pool); the controller adds it to the node's gain, never to the
-                                             # confidence it calibrates against what was accepted
-    origins: list[dict[str, float]] | None = None
-    # ^ a merging drafter's proposal (``MergingDrafter``): per node, the parts that proposed it, each
-    #   with its own confidence for the node (uncalibrated); the controller calibrates each part's
-    #   confidences separately and prices a node by its best part
-    part_seconds: dict[str, float] | None = None
-    # ^ a merging drafter's proposal: per part asked for this request, its share of that part's
-    #   ``propose`` call (the call's seconds over the requests it drafted for); see ``part_seconds``
+    confidence: list[float] | None = per_node(lambda: 1.0)
+    # ^ optional per-node score in [0, 1] (higher: likelier accepted)
+    future_gain: list[float] | None = per_node(lambda: 0.0)
+    # ^ optional per-node tokens expected in *later* steps from running the node (lookahead's window:
+    #   the n-grams its outputs add to the pool); the controller adds it to the node's gain, never to
+    #   the confidence it calibrates against what was accepted
     forced: int = 0
     # ^ the last ``forced`` nodes are not the drafter's: the engine added them where a grammar forces
     #   the text (``specserve.constrain.tree``); the drafter's own nodes are the first ones
@@ -150,15 +150,15 @@ class DraftProposal(trees.Nodes):
         return len(self.tokens)
 
     @property
-    def own(self) -> int:
-        """How many nodes the drafter proposed (the first ones)."""
+    def drafter_nodes(self) -> int:
+        """How many nodes the drafter proposed (the first ones; the rest a grammar forced)."""
         return len(self.tokens) - self.forced
 
     def drafted(self, path: list[int]) -> tuple["DraftProposal", list[int]]:
         """The drafter's own nodes and the part of an accepted ``path`` that runs through them."""
         if not self.forced:
             return self, path
-        n = self.own
+        n = self.drafter_nodes
         return self.subset(list(range(n))), [i for i in path if i < n]
 
     def trim_confidence(self) -> list[float] | None:
@@ -211,8 +211,21 @@ class DraftProposal(trees.Nodes):
         probs = self.probs[keep] if self.probs is not None and keep else None
         return replace(self, tokens=pick(self.tokens), probs=probs,
                        parents=None if self.parents is None else [new_index.get(parents[i], -1) for i in keep],
-                       confidence=pick(self.confidence), future_gain=pick(self.future_gain), origins=pick(self.origins),
-                       forced=sum(1 for i in keep if i >= self.own))
+                       forced=sum(1 for i in keep if i >= self.drafter_nodes),
+                       **{f.name: pick(getattr(self, f.name)) for f in self._per_node()})
+
+    def with_forced(self, tokens: list[int], parents: list[int], probs: Tensor | None) -> "DraftProposal":
+        """The proposal with the nodes a grammar forces appended (``tokens``, ``parents`` and ``probs``:
+        the whole proposal's, the new nodes last); each per-node field gets its forced value."""
+        k = len(tokens) - len(self)
+        return replace(self, tokens=tokens, probs=probs, parents=parents, forced=self.forced + k,
+                       **{f.name: None if getattr(self, f.name) is None else
+                          list(getattr(self, f.name)) + [f.metadata["per_node"]() for _ in range(k)]
+                          for f in self._per_node()})
+
+    def _per_node(self) -> list:
+        """The optional per-node list fields (``per_node``), a subclass's included."""
+        return [f for f in fields(self) if "per_node" in f.metadata]
 
     def check(self, vocab_size: int) -> None:
         """Raise ValueError unless the proposal is a well-formed tree over the vocabulary."""
@@ -229,12 +242,9 @@ class DraftProposal(trees.Nodes):
             q_x = self.probs[torch.arange(n, device=dev), torch.tensor(self.tokens, dtype=torch.long, device=dev)]
             if not bool(((q_x > 0) & torch.isfinite(q_x)).all()):
                 raise ValueError("a node's token has no probability under the q it was drawn from")
-        if self.confidence is not None and len(self.confidence) != n:
-            raise ValueError("confidence needs one value per node")
-        if self.future_gain is not None and len(self.future_gain) != n:
-            raise ValueError("future_gain needs one value per node")
-        if self.origins is not None and len(self.origins) != n:
-            raise ValueError("origins needs one entry per node")
+        for f in self._per_node():
+            if getattr(self, f.name) is not None and len(getattr(self, f.name)) != n:
+                raise ValueError(f"{f.name} needs one value per node")
         if not 0 <= self.forced <= n:
             raise ValueError("forced must count nodes of the proposal")
 
@@ -309,11 +319,24 @@ class Drafter(ABC):
 class MergingDrafter(Drafter):
     """A drafter that merges other drafters' proposals (``auto``): the controller gives each of its
     parts its own node budget (``DraftRequest.parts``), calibration, cost and probes, and its
-    proposals carry ``origins`` and ``part_seconds``."""
+    proposals are ``MergedProposal``."""
 
     @abstractmethod
     def parts(self) -> dict[str, Drafter]:
         """The parts by name."""
+
+
+@dataclass
+class MergedProposal(DraftProposal):
+    """A merging drafter's proposal: what the controller prices part by part
+    (``specserve.control.parts``) and the engine times part by part (``draft_s_by_part``)."""
+    origins: list[dict[str, float]] | None = per_node(dict)
+    # ^ per node, the parts that proposed it, each with its own confidence for the node
+    #   (uncalibrated); the controller calibrates each part's confidences separately and prices a
+    #   node by its best part
+    part_draft_s: dict[str, float] | None = None
+    # ^ per part asked for this request, its share of that part's ``propose`` call (the call's
+    #   seconds over the requests it drafted for)
 
 
 def parts_of(drafter: Drafter) -> dict[str, Drafter]:
@@ -321,12 +344,12 @@ def parts_of(drafter: Drafter) -> dict[str, Drafter]:
     return drafter.parts() if isinstance(drafter, MergingDrafter) else {}
 
 
-def part_seconds(proposals: list) -> dict[str, tuple[float, int]]:
-    """Per part, over a merging drafter's proposals of one call: its seconds and the requests it
-    drafted for (a proposal that is not a ``DraftProposal``, a fault, counts for nothing)."""
+def draft_s_by_part(proposals: list) -> dict[str, tuple[float, int]]:
+    """Per part, over a merging drafter's proposals of one call: its drafting seconds and the requests
+    it drafted for (anything but a ``MergedProposal``, such as a fault, counts for nothing)."""
     out: dict[str, tuple[float, int]] = {}
     for prop in proposals:
-        for part, seconds in (getattr(prop, "part_seconds", None) or {}).items():
+        for part, seconds in ((prop.part_draft_s if isinstance(prop, MergedProposal) else None) or {}).items():
             total, n = out.get(part, (0.0, 0))
             out[part] = (total + seconds, n + 1)
     return out

@@ -31,9 +31,9 @@ next asked for, with the positions committed since the last one, at most the new
 them (a step that asks for no draft costs nothing beyond keeping references to the features of the
 window).  A draft after a long prompt, or after a stretch in which the controller drafted nothing,
 then costs ``window`` entries, not one per position; the skipped positions get no entry and the
-head attends to the entries it has, at their true positions.  Measured on Spec-Bench with the
-shipped head, a window of 4 to 128 accepts as much as the unbounded head (BENCHMARKS.md).  The sequences drafting in one step share the
-head's calls: one call for their new real entries, then one per depth for all their trees' expanded
+head attends to the entries it has, at their true positions (what the window costs in acceptance:
+BENCHMARKS.md, section 16, "Probes that cost little: a catch-up window").  The sequences drafting
+in one step share the head's calls: one call for their new real entries, then one per depth for all their trees' expanded
 nodes (attention alone runs per sequence, over its own entries); a tree's bookkeeping is a few array
 operations per depth on its whole frontier, its ancestor mask grown a depth at a time
 (``specserve.drafters.heads.tree``).  q, k and v are one matrix product, rotary positions come from
@@ -44,7 +44,7 @@ kernels), each head call is that one foreign call, attention under the tree's ma
 final norm before the reduced LM head another; elsewhere the layer runs op by op in torch around the
 runtime's products (``ops``, converted only where that path runs).  The two differ only in the order
 their norms, RoPE and attention round (tests/test_draft_layer.py); at a few rows the op-by-op layer's
-twenty-odd small torch operations cost more than its products (BENCHMARKS.md).  A head of several
+small torch operations cost more than its products (BENCHMARKS.md, section 25).  A head of several
 decoder layers (``HeadConfig.num_layers``) runs them in turn in every head call, each layer with its
 own keys and values per sequence at the same slots (one foreign call per layer).
 """

@@ -11,17 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specserve.control.controller import AUTO
 from specserve.drafters.base import Drafter, Option
 from specserve.errors import SpecserveError
+from specserve.limits import AUTO_SIZE
 
 _REGISTRY: dict[str, type[Drafter]] = {}
 
 
 def parse_num_draft(value, what: str = "num_draft") -> int | str:
     """``auto`` or an integer >= 0 (the draft length, or node budget for tree drafters)."""
-    if value == AUTO:
-        return AUTO
+    if value == AUTO_SIZE:
+        return AUTO_SIZE
     try:
         k = int(value)
     except (TypeError, ValueError):
@@ -130,7 +130,7 @@ class DrafterSpec:
         """The draft length to use: the spec's, else ``auto`` (0 for a drafter that never drafts)."""
         if self.num_draft is not None:
             return self.num_draft
-        return AUTO if drafter_class(self.name).max_auto_draft else 0
+        return AUTO_SIZE if drafter_class(self.name).max_auto_draft else 0
 
     def build(self, target: Any) -> Drafter:
         return create(self.name, target, **self.options)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from specserve.control import AUTO
 from specserve.engine.types import Request
 from specserve.errors import SpecserveError
-from specserve.limits import MAX_DRAFT, MAX_LOGPROBS
+from specserve.limits import AUTO_SIZE, MAX_DRAFT, MAX_LOGPROBS
 
 
 def check_request(req: Request, max_len: int, drafters: dict, vocab: int) -> None:
@@ -24,8 +23,8 @@ def check_request(req: Request, max_len: int, drafters: dict, vocab: int) -> Non
                              f"the context length {max_len}", "max_tokens")
     if req.drafter not in drafters:
         raise SpecserveError(f"drafter {req.drafter!r} is not loaded; loaded: {', '.join(drafters)}", "drafter")
-    if req.num_draft != AUTO and (isinstance(req.num_draft, bool) or not isinstance(req.num_draft, int)
-                                  or not 0 <= req.num_draft <= MAX_DRAFT):
+    if req.num_draft != AUTO_SIZE and (isinstance(req.num_draft, bool) or not isinstance(req.num_draft, int)
+                                       or not 0 <= req.num_draft <= MAX_DRAFT):
         raise SpecserveError(f"num_draft must be 'auto' or in [0, {MAX_DRAFT}], got {req.num_draft!r}", "num_draft")
     if any(not 0 <= t < vocab for t in req.prompt):
         raise SpecserveError(f"prompt token ids must be in [0, {vocab})", "prompt")

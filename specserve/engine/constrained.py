@@ -11,14 +11,12 @@ prompt chunk's logprobs.  Nothing here changes the KV cache.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
 from specserve.constrain import Shaper
 from specserve.constrain.spelling import Spelling
-from specserve.control import Slot
+from specserve.control import SeqView
 from specserve.drafters.base import DraftProposal
 from specserve.engine.types import Sequence, TokenLogprob
 from specserve.limits import MAX_DRAFT
@@ -50,15 +48,15 @@ def first_token(s: Sequence, row: Tensor) -> int:
     return int(sample(shaped[0], s.request.sampling, s.generator))
 
 
-def constrain(decoding: list[Sequence], slots: list[Slot], proposals: dict[int, DraftProposal]) -> None:
+def constrain(decoding: list[Sequence], views: list[SeqView], proposals: dict[int, DraftProposal]) -> None:
     """Each grammar-bound draft pruned to what its grammar allows, with the forced chains added when
     the request speculates (a drafter that drafts, a draft size other than 0)."""
-    for s, slot in zip(decoding, slots):
+    for s, v in zip(decoding, views):
         if s.shaper is None or s.shaper.matcher is None:
             continue
         prop = proposals[s.seq_id]
-        jump = slot.num_draft != 0 and speculates(s)
-        proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), slot.depth, jump)
+        jump = v.num_draft != 0 and speculates(s)
+        proposals[s.seq_id] = under_grammar(prop, s.shaper, MAX_DRAFT - len(prop), v.depth, jump)
 
 
 def shape_logits(decoding: list[Sequence], proposals: dict[int, DraftProposal], offsets: list[int],
@@ -123,8 +121,4 @@ def under_grammar(prop: DraftProposal, shaper: Shaper, room: int, max_depth: int
     probs = kept.probs
     if probs is not None:
         probs = torch.cat([probs, one_hot_rows(tokens[-k:], probs.shape[1], probs.dtype, probs.device)])
-    extend = (lambda xs, v: None if xs is None else list(xs) + [v] * k)
-    return replace(kept, tokens=tokens, probs=probs, parents=parents, confidence=extend(kept.confidence, 1.0),
-                   future_gain=extend(kept.future_gain, 0.0),
-                   origins=None if kept.origins is None else list(kept.origins) + [{} for _ in range(k)],
-                   forced=kept.forced + k)
+    return kept.with_forced(tokens, parents, probs)

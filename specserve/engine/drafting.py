@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 from specserve.constrain.spelling import Spelling
-from specserve.control import Controller, Slot, StepPlan, Traits
+from specserve.control import Controller, SeqView, StepPlan, Traits
 from specserve.control.parts import part_key
-from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, part_seconds, parts_of
+from specserve.drafters.base import DraftProposal, DraftRequest, Drafter, Feedback, draft_s_by_part, parts_of
 from specserve.engine.faults import PLAIN, Faults, quietly_end
 from specserve.engine.types import Request, Sequence, StepTimes
 
@@ -49,15 +49,15 @@ class Drafting:
         """``end`` for a sequence leaving the engine (its exception is counted, and changes nothing)."""
         self.faults.call(s.request.drafter, s.seq_id, "end", s.drafter.end, s.seq_id)
 
-    def propose(self, decoding: list[Sequence], slots: list[Slot], plan: StepPlan,
+    def propose(self, decoding: list[Sequence], views: list[SeqView], plan: StepPlan,
                 times: StepTimes) -> dict[int, DraftProposal]:
         """Proposals per sequence, cut to the node budget and to the tokens still to generate; a
         sequence whose drafter fails gets none and continues by plain decoding."""
         out = {s.seq_id: DraftProposal([]) for s in decoding}
         groups: dict[int, list[tuple[Sequence, DraftRequest]]] = {}
-        for s, slot in zip(decoding, slots):
+        for s, v in zip(decoding, views):
             if s.drafter is not PLAIN:
-                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, slot.depth,
+                r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, v.depth,
                                  plan.parts.get(s.seq_id))
                 groups.setdefault(id(s.drafter), []).append((s, r))
         for pairs in groups.values():
@@ -67,7 +67,7 @@ class Drafting:
             times.draft_s += took
             label = pairs[0][0].request.drafter
             self.controller.observe_draft(label, took, sum(1 for _, r in pairs if r.k > 0))
-            for part, (seconds, n) in part_seconds(props).items():          # a merging drafter's parts
+            for part, (seconds, n) in draft_s_by_part(props).items():       # a merging drafter's parts
                 self.controller.observe_draft(part_key(label, part), seconds, n)
             for (s, r), prop in zip(pairs, props):
                 try:

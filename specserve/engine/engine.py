@@ -24,7 +24,7 @@ import time
 import torch
 from torch import Tensor
 
-from specserve.control import AUTO, Controller, CostModel, PrefillPolicy, PromptState, Slot, StepPlan, plan_chunks
+from specserve.control import Controller, CostModel, PrefillPolicy, PromptState, SeqView, StepPlan, plan_chunks
 from specserve.control.measure import target_cost
 from specserve.drafters.base import DraftProposal, Drafter, Feedback
 from specserve.engine.checks import check_request
@@ -37,7 +37,7 @@ from specserve.engine.rows import RowTable
 from specserve.engine.types import (Clock, EngineSnapshot, PrefixSnapshot, Request, Result, Sequence, State,
                                     StepReport, StepTimes, TokenLogprob)
 from specserve.errors import SpecserveError
-from specserve.limits import MAX_DRAFT
+from specserve.limits import AUTO_SIZE, MAX_DRAFT
 from specserve.models import rowops
 from specserve.models.decoder import ForwardOutput
 from specserve.models.loader import LoadedModel
@@ -69,8 +69,8 @@ class Engine:
         self.prompt_tokens_max = min(chunk, self.model.invariant_tokens or chunk) if chunk is not None else self.max_len
         top = max((d.max_auto_draft for d in self.drafters.values()), default=0)
         cost = cost or target_cost(target, min(max_batch * (top + 1), 128))   # measured once per model, on disk
-        # guard: whether auto's drafting pays, measured step by step (off: the cost model alone decides)
-        self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices(), guard)
+        self.controller = Controller(traits_of(self.drafters), cost, MAX_DRAFT, self.model.thread_choices(),
+                                     guard=guard)      # off: the cost model alone decides whether auto drafts
         self._threads_set = 0
         self.drafting = Drafting(self.controller, target.config.vocab_size)    # every call to a drafter
         self._running: list[Sequence] = []
@@ -147,13 +147,13 @@ class Engine:
         is prefilled in chunks by the next steps.  Returns its id."""
         self.check(req)
         if not self.rows.free:                # before the drafter's begin: nothing to undo
-            raise RuntimeError("no free batch slot; check has_capacity first")
+            raise RuntimeError("no free row; check has_capacity first")
         seq_id = next(self._ids)
         drafter = self.drafters[req.drafter]
         gen, draft_gen = self._generators(req)
         drafter = self.drafting.begin(seq_id, req, drafter, draft_gen)
         stats = RequestStats(drafter=req.drafter, synthetic=drafter.synthetic, prompt_tokens=len(req.prompt),
-                             auto=req.num_draft == AUTO, drafter_faults=int(drafter is PLAIN))
+                             auto=req.num_draft == AUTO_SIZE, drafter_faults=int(drafter is PLAIN))
         # the clock starts after drafter.begin: the oracle's set-up is a study aid, not serving time
         seq = Sequence(seq_id, req, self.rows.take(), list(req.prompt), gen, draft_gen, stats, time.perf_counter(),
                        drafter=drafter)
@@ -179,7 +179,7 @@ class Engine:
         return torch.Generator(device=dev).manual_seed(seed), torch.Generator(device=dev).manual_seed(seed + 1)
 
     def abort(self, seq_id: int) -> None:
-        """Drop a running sequence now (client gone); its slot is free for the next step."""
+        """Drop a running sequence now (client gone); its row is free for the next step."""
         s = self._find(seq_id)
         if s is not None:
             s.finish("abort")
@@ -205,21 +205,21 @@ class Engine:
         prompts = [s for s in self._running if s.state is State.PREFILL]
         if not decoding and not prompts:
             return []
-        times, clock, began = StepTimes(), Clock(), time.perf_counter()
-        # 1. plan: each decoding sequence as the controller sees it; 2. budgets (and probes), once
-        slots = [self._slot(s) for s in decoding]
-        plan = self.controller.plan(slots)
+        times, clock = StepTimes(), Clock()
+        # 1. plan: each decoding sequence as the controller sees it (``SeqView``); 2. budgets (and probes), once
+        views = [self._view(s) for s in decoding]
+        plan = self.controller.plan(views)
         times.size_s += clock.lap()
         # 3. propose: each drafter drafts a chain or a tree within its sequences' budgets
-        proposals = self.drafting.propose(decoding, slots, plan, times)
+        proposals = self.drafting.propose(decoding, views, plan, times)
         clock.lap()
         # 3b. grammar: the drafts it forbids out, the tokens it forces in (free drafts, priced by keep)
-        constrain(decoding, slots, proposals)
+        constrain(decoding, views, proposals)
         times.shape_s += clock.lap()
         # 4. keep: over the whole batch, the auto drafts' nodes that maximise tokens per second
-        predicted = self.controller.keep(slots, proposals, plan)
+        predicted = self.controller.keep(views, proposals, plan)
         # 5. prompt chunks: as many prompt tokens as keep the step within the planner's budget
-        chunks = self._chunks(prompts, slots, proposals)
+        chunks = self._chunks(prompts, views, proposals)
         times.size_s += clock.lap()
         try:           # a fault from here to the commit fails this pass's sequences only (PassFailed)
             # 6. layout: the ragged pass (pending tokens and kept nodes, then the chunks), built once
@@ -243,20 +243,17 @@ class Engine:
             feedback += self._commit_prompts(chunks, layout, out)
         except Exception as e:  # noqa: BLE001 - the model, verification or commit raised
             raise self._drop_pass(decoding + [s for s, _ in chunks], e) from e
-        # 10. feed back: to the drafters, and the verified drafts to the controller; a decoding step's
-        #     yield (tokens over its whole seconds) to the guard
-        self._feed_back(feedback, slots, proposals, outcomes, plan)
+        # 10. feed back: to the drafters, the verified drafts to the controller, a decoding step's yield to the guard
+        self._feed_back(feedback, views, proposals, outcomes, plan)
         times.commit_s = clock.lap()
-        if not chunks:
-            self.controller.observe_step(plan, len(decoding), sum(len(o.tokens) for o in outcomes),
-                                         time.perf_counter() - began)
+        self.controller.observe_step(plan, len(decoding), sum(len(o.tokens) for o in outcomes), clock.elapsed(), chunks)
         # 11. report, and retire the finished
-        return self._finish_step(decoding, slots, chunks, layout, times, predicted, threads)
+        return self._finish_step(decoding, views, chunks, layout, times, predicted, threads)
 
-    def _slot(self, s: Sequence) -> Slot:
+    def _view(self, s: Sequence) -> SeqView:
         depth = max(0, s.request.max_tokens - len(s.generated) - 1)     # never draft past max_tokens
         num_draft = 0 if s.drafter is PLAIN else s.request.num_draft    # after a fault: plain decoding
-        return Slot(s.seq_id, s.request.drafter, num_draft, self.rows.length(s.row), depth)
+        return SeqView(s.seq_id, s.request.drafter, num_draft, self.rows.length(s.row), depth)
 
     def _drop_pass(self, seqs: list[Sequence], error: Exception) -> PassFailed:
         """The pass of ``seqs`` failed: drop them (rows freed, drafters and controller told)."""
@@ -267,15 +264,15 @@ class Engine:
             self.rows.release(s.row)
         return PassFailed([s.seq_id for s in seqs], error)
 
-    def _chunks(self, prompts: list[Sequence], slots: list[Slot],
+    def _chunks(self, prompts: list[Sequence], views: list[SeqView],
                 proposals: dict[int, DraftProposal]) -> list[tuple[Sequence, int]]:
         """(prompt, tokens) for each prompt this step's pass advances, in pass order."""
         if not prompts:
             return []
-        lengths = [len(proposals[x.seq_id]) + 1 for x in slots]
+        lengths = [len(proposals[x.seq_id]) + 1 for x in views]
         states = [PromptState(s.prefilled, len(s.request.prompt) - s.prefilled) for s in prompts]
         plan = plan_chunks(self.policy, self.controller.cost, self.prompt_tokens_max, lengths,
-                           [x.context for x in slots], states)
+                           [x.context for x in views], states)
         return [(prompts[i], n) for i, n in plan]
 
     def _layout(self, decoding: list[Sequence], proposals: dict[int, DraftProposal],
@@ -298,7 +295,7 @@ class Engine:
                 out: ForwardOutput) -> list[Outcome]:
         rows = [Row(p.tokens, p.parents, p.probs, layout.offsets[i], s.request.sampling, s.generator)
                 for i, (s, p) in enumerate((s, proposals[s.seq_id]) for s in decoding)]
-        return verify_rows(rows, out.logits, rowops.argmax, rowops.greedy_verify) if rows else []
+        return verify_rows(rows, out.logits, rowops.argmax, rowops.greedy_walk) if rows else []
 
     def _commit_decoding(self, decoding: list[Sequence], proposals: dict[int, DraftProposal], outcomes: list[Outcome],
                          layout: PassLayout, out: ForwardOutput, raw: dict[int, Tensor]) -> list[tuple[Sequence, Feedback]]:
@@ -308,13 +305,13 @@ class Engine:
             prop, at = proposals[s.seq_id], layout.offsets[i]
             kept = [0] + [n + 1 for n in o.path]              # pass indices the cache keeps, in order
             self.rows.keep_path(s.row, kept)
-            s.stats.record_step(len(prop), prop.depth, len(o.path), prop.forced, sum(n >= prop.own for n in o.path))
+            drafted, drafted_path = prop.drafted(o.path)   # the drafter hears of its own nodes only
+            s.stats.record_step(len(prop), prop.depth, len(o.path), prop.forced, len(o.path) - len(drafted_path))
             drafter = s.drafter
             feats = {layer: out.features[layer][[at + j for j in kept]] for layer in drafter.feature_layers}
             argmax = (out.logits[at:at + layout.lengths[i]].argmax(-1).tolist()
                       if drafter.wants_predictions else None)
-            own, own_path = prop.drafted(o.path)           # the drafter hears of its own nodes only
-            feedback.append((s, Feedback(s.seq_id, own, own_path, o.tokens, feats, argmax)))
+            feedback.append((s, Feedback(s.seq_id, drafted, drafted_path, o.tokens, feats, argmax)))
             commit(s, o.tokens, raw.get(s.seq_id), kept)
         return feedback
 
@@ -350,30 +347,24 @@ class Engine:
             commit(s, [first], row if s.logprobs is not None else None, [0])
         return feedback
 
-    def _feed_back(self, feedback: list[tuple[Sequence, Feedback]], slots: list[Slot],
+    def _feed_back(self, feedback: list[tuple[Sequence, Feedback]], views: list[SeqView],
                    proposals: dict[int, DraftProposal], outcomes: list[Outcome], plan: StepPlan) -> None:
         self.drafting.feed_back(feedback)
         plain = {s.seq_id for s, _ in feedback if s.drafter is PLAIN}
-        for slot, o in zip(slots, outcomes):
-            if slot.seq_id in plain:
+        for v, o in zip(views, outcomes):
+            if v.seq_id in plain:
                 continue
-            self.controller.learn(slot, proposals[slot.seq_id], o.path, plan)
+            self.controller.learn(v, proposals[v.seq_id], o.path, plan)
 
-    def _finish_step(self, decoding: list[Sequence], slots: list[Slot], chunks: list[tuple[Sequence, int]],
+    def _finish_step(self, decoding: list[Sequence], views: list[SeqView], chunks: list[tuple[Sequence, int]],
                      layout: PassLayout, times: StepTimes, predicted: float | None, threads: int) -> list[int]:
         """Charge the step's times to its sequences, report it, retire the finished."""
-        share = sum(times.asdict().values()) / max(len(decoding) + len(chunks), 1)
-        for s in decoding + [s for s, _ in chunks]:
-            s.stats.share_s += share
-        for s in decoding:
-            times.charge(s.stats, decoding=True)
-            if predicted is not None:
-                s.stats.step_predicted_s.append(predicted)
-                s.stats.step_measured_s.append(times.pass_s)
-        for s, _ in chunks:
-            times.charge(s.stats, decoding=False)
+        times.charge_step([s.stats for s in decoding], [s.stats for s, _ in chunks])
+        for s in decoding if predicted is not None else ():
+            s.stats.step_predicted_s.append(predicted)
+            s.stats.step_measured_s.append(times.pass_s)
         nodes, prefill = [n - 1 for n in layout.decode_lengths], sum(n for _, n in chunks)
-        self.last_step = StepReport(sequences=len(decoding), nodes=nodes, auto=[x.auto for x in slots],
+        self.last_step = StepReport(sequences=len(decoding), nodes=nodes, auto=[x.auto_size for x in views],
                                     predicted_s=predicted, threads=threads, prefill_tokens=prefill, **times.asdict())
         done = [s for s in decoding + [s for s, _ in chunks] if s.state is State.FINISHED]
         for s in done:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from specserve.errors import SpecserveError
+from specserve.limits import PREFIX_BLOCK
 from specserve.models.kv_cache import KVCache
-from specserve.prefix_cache import BLOCK, Match, PrefixCache
+from specserve.prefix_cache import Match, PrefixCache
 
 
 class Prefixes:
@@ -41,14 +42,14 @@ class Prefixes:
         per layer (None: none stored).  Returns the chain, or None once the pool evicted a block of it."""
         if self.pool is None:
             return chain
-        while chain is not None and len(chain) * BLOCK + BLOCK <= end:
-            at = len(chain) * BLOCK
+        while chain is not None and len(chain) * PREFIX_BLOCK + PREFIX_BLOCK <= end:
+            at = len(chain) * PREFIX_BLOCK
             if at < start:             # a block begun before this chunk: chunks end at whole blocks
                 raise AssertionError("a prompt chunk began inside a block")
             feats = None if features is None else {
-                layer: features[layer][at - start: at - start + BLOCK] for layer in self.feature_layers
+                layer: features[layer][at - start: at - start + PREFIX_BLOCK] for layer in self.feature_layers
                 if layer in features} or None
-            b = self.pool.store(chain[-1] if chain else None, tokens[at:at + BLOCK], *views, at, feats)
+            b = self.pool.store(chain[-1] if chain else None, tokens[at:at + PREFIX_BLOCK], *views, at, feats)
             if b is None:
                 return None
             chain = chain + [b]

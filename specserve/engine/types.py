@@ -101,10 +101,13 @@ class Sequence:
 
 
 class Clock:
-    """Seconds since the last lap."""
+    """Seconds since the last lap, and since the clock started."""
 
     def __init__(self):
-        self.t = time.perf_counter()
+        self.t = self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
 
     def lap(self) -> float:
         now = time.perf_counter()
@@ -119,6 +122,15 @@ class StepTimes(Timings):
     def charge(self, stats: RequestStats, decoding: bool) -> None:
         """Add this step to a sequence's stats (a prompt chunk: only the pass it rode in)."""
         stats.add(self, TIMERS if decoding else ("pass_s",))
+
+    def charge_step(self, decoding: list[RequestStats], chunks: list[RequestStats]) -> None:
+        """Add this step to the stats of every sequence it advanced (``charge``), and to each an equal
+        share of its seconds (``RequestStats.share_s``)."""
+        share = sum(self.asdict().values()) / max(len(decoding) + len(chunks), 1)
+        for group, whole in ((decoding, True), (chunks, False)):
+            for stats in group:
+                self.charge(stats, whole)
+                stats.share_s += share
 
 
 @dataclass(kw_only=True)

@@ -1,8 +1,8 @@
 """A GGUF file's metadata and tensors, read straight from a memory map.
 
 gguf-py's ``GGUFReader`` builds a numpy view for every element of every metadata array, so a file
-whose tokenizer holds 49,152 tokens and as many merges takes about 8 s to open, and Gemma 3's 262,144
-tokens about 25 s.  The loader needs none of those elements: it needs the scalar fields, the
+whose tokenizer holds tens of thousands of tokens and as many merges takes seconds to open, and
+Gemma 3's vocabulary of 262,144 tokens longer still.  The loader needs none of those elements: it needs the scalar fields, the
 vocabulary's size and the tensors.  This reader walks the same layout (GGUF v2/v3, little-endian)
 with ``struct``, counts the long arrays it is told to skip instead of decoding them, and hands out
 each tensor as a zero-copy view of the map shaped the way gguf-py shapes it, so everything

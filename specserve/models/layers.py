@@ -87,9 +87,14 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, weight: Tensor, eps: float):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension: the normalisation in float32, the
+    product with the weight in x's dtype (Hugging Face's Llama order; on float32 the operations of
+    ``F.rms_norm``, in its order).  ``weight``: a loaded tensor (a target's norm, kept as given), or a
+    size (a trainable weight of ones, as a drafter head's; its state_dict key is ``weight``)."""
+
+    def __init__(self, weight: Tensor | int, eps: float):
         super().__init__()
-        self.weight = weight
+        self.weight = nn.Parameter(torch.ones(weight)) if isinstance(weight, int) else weight
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., dim]
@@ -139,7 +144,7 @@ def rope_tables_by_base(cfg, length: int) -> dict[float, tuple[Tensor, Tensor]]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
+    """Rotate-half RoPE: x [..., D] (the torch runtime's [B, H, T, D]); cos, sin broadcast to x ([B, 1, T, D])."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

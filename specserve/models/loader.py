@@ -30,7 +30,7 @@ from specserve.models.native.packed import ACTIVATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_KV = "f32"     # the native KV cache's element type under kv=auto (chosen by measurement: README)
+DEFAULT_KV = "f32"     # the native KV cache's element type under kv=auto (why: BENCHMARKS.md, sections 19 and 20)
 
 
 KERNELS = ("native",) + LINEAR_KERNELS

@@ -1,7 +1,8 @@
 """Operations on a pass's logits rows, on the native kernels where they run, else on torch.
 
 ``argmax`` gives each row's first maximum (greedy verification reads nothing else of a row),
-``greedy_verify`` walks decoding rows' chains and trees over those maxima in one native call, and
+``greedy_walk`` walks decoding rows' chains and trees over those maxima in one native call (greedy
+verification's outcomes, ``verify.verify_rows``' ``walk_of``), and
 ``mask`` sets every token a bitmask forbids to -inf, in place (a grammar's mask, from
 ``specserve.constrain``, which alone knows the grammar library: this layer sees only bits).  The
 native kernels (``logit_ops.cpp``) are faster than torch's on a row of the default model's logits
@@ -37,7 +38,7 @@ def argmax(logits: Tensor) -> Tensor:
     return logits.argmax(-1)
 
 
-def greedy_verify(logits: Tensor, offsets: list[int], tokens: list[list[int]],
+def greedy_walk(logits: Tensor, offsets: list[int], tokens: list[list[int]],
                   parents: list[list[int]] | None) -> list[tuple[list[int], int]] | None:
     """Greedy verification of decoding rows on the native kernel (logits: [M, V]; per row its pending
     token's logits row, node tokens and parents, -1 the pending token; ``parents`` None: chains):
@@ -46,8 +47,8 @@ def greedy_verify(logits: Tensor, offsets: list[int], tokens: list[list[int]],
     caller verifies on torch)."""
     if not (_native_rows(logits) and logits.shape[1]):
         return None
-    from specserve.models.native import greedy_verify as native_verify
-    return native_verify(logits, offsets, tokens, parents)
+    from specserve.models.native import greedy_walk_rows
+    return greedy_walk_rows(logits, offsets, tokens, parents)
 
 
 def mask(logits: Tensor, bitmask: Tensor) -> None:

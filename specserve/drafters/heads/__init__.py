@@ -6,7 +6,7 @@ Arrows point down: training (``specserve.train``) imports these modules; nothing
 
 from specserve.drafters.heads.files import (FORMAT_VERSION, check_target, load_head, new_config, save_head,
                                             target_signature)
-from specserve.drafters.heads.modules import MODULES, EagleHead, HeadConfig, MedusaHeads, RMSNorm, build, rotary
+from specserve.drafters.heads.modules import MODULES, EagleHead, HeadConfig, MedusaHeads, build, rotary
 
-__all__ = ["FORMAT_VERSION", "MODULES", "EagleHead", "HeadConfig", "MedusaHeads", "RMSNorm", "build", "check_target",
+__all__ = ["FORMAT_VERSION", "MODULES", "EagleHead", "HeadConfig", "MedusaHeads", "build", "check_target",
            "load_head", "new_config", "rotary", "save_head", "target_signature"]

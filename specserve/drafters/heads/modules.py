@@ -55,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specserve.models.layers import RMSNorm, apply_rope, rope_inv_freq
+
 
 @dataclass
 class HeadConfig:
@@ -79,25 +81,12 @@ class HeadConfig:
         return json.dumps(asdict(self), indent=1)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, n: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x * rsqrt(mean(x^2) + eps) * weight, as one call (the same operations in the same order)."""
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 def rotary(x: Tensor, pos: Tensor, theta: float) -> Tensor:
-    """Rotate-half RoPE: x [..., T, heads, d], pos [..., T] (int) -> same shape."""
+    """Rotate-half RoPE (the target's: ``models.layers``): x [..., T, heads, d], pos [..., T] (int) -> same shape."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    ang = pos.to(torch.float32)[..., None] * inv                                 # [..., T, d/2]
+    ang = pos.to(torch.float32)[..., None] * rope_inv_freq(d, theta, None).to(x.device)    # [..., T, d/2]
     cos, sin = torch.cat([ang.cos()] * 2, -1)[..., None, :], torch.cat([ang.sin()] * 2, -1)[..., None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    return apply_rope(x, cos, sin)
 
 
 Linears = Mapping[str, Callable[[Tensor], Tensor]] | None    # a head's linear maps by name (None: its own)

@@ -25,6 +25,7 @@ from specserve.drafters.base import CheckedOptions, DraftProposal, Drafter, opti
 from specserve.drafters.heads.files import check_target, load_head
 from specserve.drafters.heads.modules import HeadConfig
 from specserve.errors import SpecserveError
+from specserve.models.layers import rope_inv_freq
 from specserve.sampling import exponential_noise, race
 
 
@@ -148,7 +149,7 @@ class RopeTable:
 
     def __init__(self, head_dim: int, theta: float):
         d, half = head_dim, head_dim // 2
-        self.inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.inv = rope_inv_freq(d, theta, None)
         self.swap = torch.cat([torch.arange(half, d), torch.arange(half)])
         self.cos = self.sin = torch.empty(0, 1, d)                # [P, 1, d]
 

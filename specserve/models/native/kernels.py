@@ -36,14 +36,14 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def greedy_verify(x: torch.Tensor, offsets: list[int], tokens: list[list[int]],
+def greedy_walk_rows(x: torch.Tensor, offsets: list[int], tokens: list[list[int]],
                   parents: list[list[int]] | None) -> list[tuple[list[int], int]]:
     """x: float32 [R, V] CPU logits rows with contiguous entries; per decoding row b: its pending
     token's row ``offsets[b]``, its node tokens, and their parents (-1: child of the pending token;
     ``parents`` None: every row a chain).  Per row: (accepted node indices, root first; the emitted
     token after them), as ``verify.tree.greedy_tree_verify_argmax`` gives them (``logit_ops.cpp``)."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError("greedy_verify takes float32 [R, V] CPU rows with contiguous entries")
+        raise ValueError("greedy_walk_rows takes float32 [R, V] CPU rows with contiguous entries")
     b = len(offsets)
     first = list(itertools.accumulate([len(t) for t in tokens], initial=0))
     if b and (min(offsets) < 0 or max(o + len(t) for o, t in zip(offsets, tokens)) >= x.shape[0]):

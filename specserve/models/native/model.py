@@ -54,9 +54,9 @@ def as_native(w: "Tensor | NativeWeight") -> NativeWeight:
 
 def for_float_activations(w: "NativeWeight | FusedParts") -> NativeWeight:
     """A weight as the fp32-activation kernels run it: Q4_0 and Q5_0 blocks as the Q8_0 blocks that
-    hold them exactly (the same bits out, 1.5-1.9x the bytes: unpacking their nibbles and fifth bits
-    there cost more than reading the wider blocks, BENCHMARKS.md section 11), fused parts of
-    different formats as one.  (The int8 kernels read each format's own bits.)"""
+    hold them exactly (the same bits out; why the wider blocks: BENCHMARKS.md, section 11, in
+    benchmarks/history/sections-6-11.md), fused parts of different formats as one.  (The int8
+    kernels read each format's own bits.)"""
     if isinstance(w, FusedParts):
         return w.as_float(for_float_activations)
     return w.as_q8_0() if isinstance(w, NativeWeight) and w.fmt in (Q4_0, Q5_0) else w
