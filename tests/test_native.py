@@ -361,3 +361,24 @@ def test_a_library_of_other_parts_is_refused(monkeypatch):
     monkeypatch.setattr(abi, "ABI_VERSION", abi.ABI_VERSION + 1)
     with pytest.raises(RuntimeError, match="stale"):
         abi.bind(nt.library(), "lib")
+
+
+def test_the_abi_check_compares_every_field_by_name_and_offset():
+    """The loaded library's structures agree with abi.py field by field; a mirror with two 8-byte
+    fields swapped (same sizes, so a size check passes) or one field renamed is refused."""
+    import ctypes
+
+    from specserve.models.native import abi
+
+    lib = nt.library()
+    abi.check_fields(lib.ss_forward_field, 0, abi.SsPass, "lib")
+    abi.check_fields(lib.ss_draft_layer_field, 1, abi.SsDraftPart, "lib")
+    fields = list(abi.SsDraftPart._fields_)
+    fields[0], fields[1] = fields[1], fields[0]                    # k and v: two pointers swapped
+    swapped = type("Swapped", (ctypes.Structure,), {"_fields_": fields})
+    assert ctypes.sizeof(swapped) == ctypes.sizeof(abi.SsDraftPart)
+    with pytest.raises(RuntimeError, match=r"Swapped's fields .*\('k', 8\)"):
+        abi.check_fields(lib.ss_draft_layer_field, 1, swapped, "lib")
+    renamed = type("Renamed", (ctypes.Structure,), {"_fields_": [("kk", fields[1][1])] + fields[1:]})
+    with pytest.raises(RuntimeError, match="Renamed's fields"):
+        abi.check_fields(lib.ss_draft_layer_field, 1, renamed, "lib")

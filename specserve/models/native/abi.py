@@ -3,9 +3,10 @@ structures ``ss_forward`` reads (``SsPass`` and its table of ``SsLayer``, mirror
 forward.cpp), the two ``ss_draft_layer`` reads (``SsDraftLayer`` and its ``SsDraftPart``s, from
 draft_layer.cpp), and the check, when the library is loaded, that both sides agree.
 
-The library states its version (``ABI_VERSION`` in simd.h), the sizes of its structures and the names
-of the parts it times a pass by; a library that differs in any of them is refused before a pass runs,
-and ``ss_forward`` itself refuses a structure of another version or size.
+The library states its version (``ABI_VERSION`` in simd.h), the sizes of its structures, every
+field's name and offset, and the names of the parts it times a pass by; a library that differs in
+any of them is refused before a pass runs, and ``ss_forward`` itself refuses a structure of another
+version or size.
 """
 
 from __future__ import annotations
@@ -89,27 +90,24 @@ DRAFT_LAYER_ERRORS = {1: "its version is not the library's", 2: "its structure s
 # ss_forward's status codes (0: the pass ran).
 FORWARD_ERRORS = {1: "its version is not the library's", 2: "its structure sizes are not the library's"}
 
-# Every exported function: (argument types, result type).
+# Every exported function Python calls: (argument types, result type).  (The library exports a few
+# more that only its own sources call, declared in exports.h.)
 SIGNATURES = {
     "ss_abi_version": ([], _I32),
     "ss_row_bytes": ([_I32, _I64], _I64),
     "ss_linear": ([_P, _I64, _I64, _P, _I32, _I64, _P, _P, _I32], None),
     "ss_embed": ([_P, _I64, _P, _I32, _I64, _P], None),
     "ss_rmsnorm": ([_P, _P, _I64, _I64, _F32, _P], None),
-    "ss_silu_mul": ([_P, _I64, _I64, _P], None),
     "ss_rope_cache": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _F32, _P, _P, _P, _I64],
                       None),
     "ss_attention": ([_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64, _P, _I64], None),
     "ss_attention_path_runs": ([_I32], _I32),
     "ss_attention_set_path": ([_I32], _I32),
     "ss_attention_path": ([], _I32),
-    "ss_gelu_tanh_mul": ([_P, _I64, _I64, _P], None),
-    "ss_add": ([_P, _P, _I64], None),
     "ss_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),
     "ss_mask_rows": ([_P, _I64, _I64, _P, _I64, _I64], None),
     "ss_move_slots": ([_P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64], None),
     "ss_greedy_verify": ([_P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P], None),
-    "ss_scale": ([_P, _F32, _I64], None),
     "ss_set_threads": ([_I32], _I32),
     "ss_default_threads": ([], _I32),
     "ss_release_threads": ([], _I32),
@@ -122,9 +120,11 @@ SIGNATURES = {
     "ss_pack": ([_P, _I32, _I64, _I64, _P], None),
     "ss_quantize_rows": ([_P, _I64, _I64, _P, _P, _P, _P], None),
     "ss_forward_abi": ([ctypes.POINTER(_I64)], None),
+    "ss_forward_field": ([_I32, _I32, ctypes.POINTER(_I64)], ctypes.c_char_p),
     "ss_part_name": ([_I32], ctypes.c_char_p),
     "ss_forward": ([ctypes.POINTER(SsPass)], _I32),
     "ss_draft_layer_abi": ([ctypes.POINTER(_I64)], None),
+    "ss_draft_layer_field": ([_I32, _I32, ctypes.POINTER(_I64)], ctypes.c_char_p),
     "ss_draft_layer": ([ctypes.POINTER(SsDraftLayer)], _I32),
 }
 
@@ -149,8 +149,25 @@ def bind(lib: ctypes.CDLL, name: str) -> None:
     if tuple(got[:3]) != want:
         raise RuntimeError(f"native kernel library {name} and abi.py disagree on ss_draft_layer's structures: "
                            f"(version, layer, part) {tuple(got[:3])} there, {want} here")
+    for fn, structs in ((lib.ss_forward_field, (SsPass, SsLayer)), (lib.ss_draft_layer_field, (SsDraftLayer, SsDraftPart))):
+        for which, struct in enumerate(structs):
+            check_fields(fn, which, struct, name)
     if part_names(lib) != PARTS:
         raise RuntimeError(f"native kernel library {name} times the parts {part_names(lib)}, not {PARTS}")
+
+
+def check_fields(field_of, which: int, struct: type[ctypes.Structure], name: str) -> None:
+    """Raise unless structure ``which`` of the library (``field_of(which, i, &offset)``: the name of
+    its field i, null past the last) has exactly ``struct``'s fields, each at ctypes' offset: a field
+    renamed, added, moved or two swapped on either side is caught, not only a change of size."""
+    got, offset = {}, _I64()
+    while (field := field_of(which, len(got), ctypes.byref(offset))) is not None:
+        got[field.decode()] = offset.value
+    want = {f[0]: getattr(struct, f[0]).offset for f in struct._fields_}
+    if got != want:
+        diff = sorted(set(got.items()) ^ set(want.items()))
+        raise RuntimeError(f"native kernel library {name} and abi.py disagree on {struct.__name__}'s fields "
+                           f"(name, offset), here or there: {diff}")
 
 
 def part_names(lib: ctypes.CDLL) -> tuple[str, ...]:

@@ -4,15 +4,8 @@
 
 #define SS_ATT_PATH 0
 #include "attention.h"
+#include "exports.h"
 
-extern "C" {
-void ss_attention_avx512(const float* q, const void* kc, const void* vc, const int64_t* rows, const int64_t* start,
-                         const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
-                         int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out, int64_t kv,
-                         int threads);
-double ss_attention_peak_avx512(int64_t iters);
-int ss_attention_compiled_avx512();
-}
 
 namespace ss {
 namespace {

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "exports.h"
+
 #ifdef SS_ATT_STUB
 extern "C" {
 void ss_attention_avx512(const float*, const void*, const void*, const int64_t*, const int64_t*, const int64_t*,

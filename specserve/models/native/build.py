@@ -36,7 +36,7 @@ SOURCES = {HERE / "linear.cpp": BASE_ISA, HERE / "layer_ops.cpp": BASE_ISA, HERE
            HERE / "q8_vnni512t.cpp": VNNI512_ISA,
            HERE / "q8_avxvnni.cpp": BASE_ISA + ["-mavxvnni"]}
 OPTIONAL = {HERE / "q8_vnni512.cpp", HERE / "q8_vnni512w.cpp", HERE / "q8_vnni512t.cpp", HERE / "q8_avxvnni.cpp", HERE / "attention_avx512.cpp"}   # built as stubs (path never chosen) if the compiler lacks the flags
-HEADERS = [HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h",
+HEADERS = [HERE / "exports.h", HERE / "simd.h", HERE / "blocks.h", HERE / "q8.h", HERE / "q8_wide.h", HERE / "q8_entry.h",
            HERE / "attention.h"]
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")

@@ -8,17 +8,14 @@
 // (ss_rmsnorm), which runs it on the rows it wants logits for.
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <utility>
 #include <vector>
 
+#include "exports.h"
 #include "simd.h"
 
-extern "C" {
-void ss_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* y);
-void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out);
-void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias,
-               float* y, int accumulate);
-}
 
 using namespace ss;
 
@@ -170,6 +167,27 @@ void ss_draft_layer_abi(int64_t* out) {
   out[0] = ABI_VERSION;
   out[1] = sizeof(SsDraftLayer);
   out[2] = sizeof(SsDraftPart);
+}
+
+// Field i of SsDraftLayer (which 0) or SsDraftPart (1): its name, and its offset into *offset; null
+// past the last (abi.py compares them by name with its mirror's, as ss_forward_field).
+const char* ss_draft_layer_field(int which, int i, int64_t* offset) {
+  struct Field { const char* name; int64_t offset; };
+#define FIELD(f) Field{#f, static_cast<int64_t>(offsetof(S, f))}
+  static const auto layer = [] { using S = SsDraftLayer; return std::array{
+    FIELD(version), FIELD(layer_size), FIELD(part_size), FIELD(layout), FIELD(M), FIELD(hid), FIELD(H),
+    FIELD(Hkv), FIELD(D), FIELD(inter), FIELD(B), FIELD(eps), FIELD(scale), FIELD(norm_e), FIELD(norm_g),
+    FIELD(fc), FIELD(fc_fmt), FIELD(attn_norm), FIELD(qkv), FIELD(qkv_fmt), FIELD(o), FIELD(o_fmt),
+    FIELD(mlp_norm), FIELD(gate_up), FIELD(gate_up_fmt), FIELD(down), FIELD(down_fmt), FIELD(g), FIELD(emb),
+    FIELD(pos), FIELD(cos), FIELD(sin), FIELD(positions), FIELD(parts), FIELD(out)}; }();
+  static const auto part = [] { using S = SsDraftPart; return std::array{
+    FIELD(k), FIELD(v), FIELD(capacity), FIELD(row0), FIELD(m), FIELD(at), FIELD(n_real), FIELD(mask),
+    FIELD(mask_stride)}; }();
+#undef FIELD
+  const Field* f = which == 0 && i >= 0 && i < static_cast<int>(layer.size()) ? &layer[i]
+                   : which == 1 && i >= 0 && i < static_cast<int>(part.size()) ? &part[i] : nullptr;
+  if (f && offset) *offset = f->offset;
+  return f ? f->name : nullptr;
 }
 
 // One call of the layer; returns 0, or (running nothing) 1 when p's version is not ABI_VERSION, 2 when

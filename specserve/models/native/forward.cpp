@@ -6,27 +6,13 @@
 // field by abi.py.  When the pass asks for it, each kernel call is timed into its part (PartTimer in
 // decoder.py); the calls are the same either way, so the bits are the same.
 
+#include <array>
 #include <chrono>
+#include <cstddef>
 
+#include "exports.h"
 #include "simd.h"
 
-extern "C" {
-void ss_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* y);
-void ss_silu_mul(const float* gu, int64_t M, int64_t I, float* out);
-void ss_gelu_tanh_mul(const float* gu, int64_t M, int64_t I, float* out);
-void ss_add(float* x, const float* y, int64_t n);
-void ss_scale(float* x, float s, int64_t n);
-void ss_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int fmt, int64_t N, const float* bias,
-               float* y, int accumulate);
-void ss_rope_cache(const float* qkv, const float* cos, const float* sin, const int64_t* rows, const int64_t* start,
-                   const int64_t* offsets, const int64_t* seq_of, const int64_t* pos, int64_t N, int64_t H,
-                   int64_t Hkv, int64_t C, int64_t D, const float* q_norm, const float* k_norm, float eps,
-                   float* q_out, void* kc, void* vc, int64_t kv);
-void ss_attention(const float* q, const void* kc, const void* vc, const int64_t* rows, const int64_t* start,
-                  const int64_t* offsets, const int64_t* pos, const int64_t* parent, int64_t B, int64_t H,
-                  int64_t Hkv, int64_t C, int64_t D, float scale, int64_t window, float* out, int64_t kv);
-void ss_embed(const int64_t* tokens, int64_t n, const uint8_t* w, int fmt, int64_t K, float* out);
-}
 
 // The parts a pass is timed by, in the order of decoder.PARTS (checked when the library is loaded).
 // NORMS is everything but the linears and attention: embedding, scaling, rmsnorms, residual adds,
@@ -199,6 +185,30 @@ void ss_forward_abi(int64_t* out) {
   out[1] = sizeof(SsPass);
   out[2] = sizeof(SsLayer);
   out[3] = PART_COUNT;
+}
+
+// Field i of SsPass (which 0) or SsLayer (1): its name, and its offset into *offset; null past the
+// last.  abi.py compares every field's offset by name with its mirror's, so a field renamed, moved,
+// or two fields swapped on one side fail the load instead of corrupting a pass.
+const char* ss_forward_field(int which, int i, int64_t* offset) {
+  struct Field { const char* name; int64_t offset; };
+#define FIELD(f) Field{#f, static_cast<int64_t>(offsetof(S, f))}
+  static const auto pass = [] { using S = SsPass; return std::array{
+    FIELD(version), FIELD(pass_size), FIELD(layer_size), FIELD(L), FIELD(M), FIELD(hid), FIELD(inter), FIELD(H),
+    FIELD(Hkv), FIELD(D), FIELD(R), FIELD(C), FIELD(B), FIELD(V), FIELD(n_logits), FIELD(eps), FIELD(scale),
+    FIELD(embed_scale), FIELD(tokens), FIELD(rows), FIELD(start), FIELD(offsets), FIELD(seq_of), FIELD(pos),
+    FIELD(parent), FIELD(logit_rows), FIELD(x), FIELD(hbuf), FIELD(qkv), FIELD(q), FIELD(att), FIELD(gu),
+    FIELD(act), FIELD(kc), FIELD(vc), FIELD(kv), FIELD(embed), FIELD(embed_fmt), FIELD(norm), FIELD(head),
+    FIELD(head_fmt), FIELD(logits), FIELD(feats), FIELD(layers), FIELD(part_seconds)}; }();
+  static const auto layer = [] { using S = SsLayer; return std::array{
+    FIELD(attn_norm), FIELD(qkv), FIELD(qkv_fmt), FIELD(qkv_bias), FIELD(q_norm), FIELD(k_norm), FIELD(o),
+    FIELD(o_fmt), FIELD(ffn_norm), FIELD(gate_up), FIELD(gate_up_fmt), FIELD(down), FIELD(down_fmt),
+    FIELD(post_attn_norm), FIELD(post_ffn_norm), FIELD(cos), FIELD(sin), FIELD(window), FIELD(act)}; }();
+#undef FIELD
+  const Field* f = which == 0 && i >= 0 && i < static_cast<int>(pass.size()) ? &pass[i]
+                   : which == 1 && i >= 0 && i < static_cast<int>(layer.size()) ? &layer[i] : nullptr;
+  if (f && offset) *offset = f->offset;
+  return f ? f->name : nullptr;
 }
 
 // Part i's name (decoder.PARTS[i]), or null past the last.

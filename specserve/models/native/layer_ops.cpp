@@ -2,6 +2,7 @@
 // simd.h); attention is in attention.h.
 
 
+#include "exports.h"
 #include "simd.h"
 
 namespace ss {

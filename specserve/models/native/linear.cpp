@@ -1,6 +1,7 @@
 // Linear layers and embedding rows over weights kept in their storage blocks (see simd.h).
 
 #include "blocks.h"
+#include "exports.h"
 
 namespace ss {
 namespace {
@@ -148,10 +149,6 @@ void linear_impl(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
 using namespace ss;
 
 extern "C" {
-
-void ss_q8_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int pfmt, int64_t N, const float* bias,
-                  float* y, int accumulate);
-void ss_packed_rows(const int64_t* tokens, int64_t n, const uint8_t* w, int pfmt, int64_t K, float* out);
 
 int ss_abi_version() { return static_cast<int>(ABI_VERSION); }
 

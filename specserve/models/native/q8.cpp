@@ -11,26 +11,8 @@
 #include <vector>
 
 #include "blocks.h"
+#include "exports.h"
 
-extern "C" {
-void ss_q8_linear_vnni512(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                          const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
-void ss_q8_linear_avxvnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                          const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
-void ss_q8_linear_vnni512w(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
-void ss_q8_linear_vnni512t(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                           const uint8_t*, int, int64_t, int64_t, const float*, float*, int, int);
-double ss_q8_peak_vnni512(int64_t, int, int32_t*);
-double ss_q8_peak_vnni512t(int64_t, int, int32_t*);
-int ss_q8_compiled_vnni512t();
-double ss_q8_peak_avxvnni(int64_t, int, int32_t*);
-double ss_q8_peak_vnni512w(int64_t, int, int32_t*);
-int ss_q8_compiled_vnni512();
-int ss_q8_compiled_avxvnni();
-int ss_q8_compiled_vnni512w();
-int64_t ss_row_bytes(int fmt, int64_t K);
-}
 
 namespace ss {
 namespace {

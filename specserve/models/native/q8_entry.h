@@ -5,8 +5,11 @@
 // With SS_Q8_STUB (an optional path the compiler cannot build; compiled without its flags) the
 // entry points do nothing and SS_Q8_COMPILED says 0, so the path is never chosen.
 
-#ifdef SS_Q8_STUB
 #include <cstdint>
+
+#include "exports.h"
+
+#ifdef SS_Q8_STUB
 extern "C" {
 void SS_Q8_ENTRY(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t, const uint8_t*, int,
                  int64_t, int64_t, const float*, float*, int, int) {}
