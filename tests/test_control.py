@@ -88,8 +88,9 @@ def test_probe_backoff():
 def test_a_new_sequence_inherits_its_drafters_probe_gap_up_to_a_bound(target):
     """After a drafter's probes failed on one request, the next request of that drafter waits as long
     before its first probe, but never longer than ``ControllerConfig.inherited_gap`` (so one kind of prompt cannot
-    switch the drafter off for the next kind); a successful probe gives the short gap back."""
-    eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160)
+    switch the drafter off for the next kind); a successful probe gives the short gap back.  (The
+    guard off: it would find plain steps faster and rest the drafter, so no probe would run.)"""
+    eng = Engine(target, {"o": create("oracle", target, alpha=0.0)}, max_batch=1, max_len=160, guard=False)
     eng.controller.cost = MODERATE.fresh()
     eng.generate([Request(PROMPTS[1], 60, drafter="o", num_draft=AUTO_SIZE)])
     gap = eng.controller.history.gaps["o"]

@@ -192,3 +192,32 @@ def test_request_shares_add_up_to_the_engines_step_seconds(target):
     shares = [eng.take_result(i).stats.share_s for i in ids]
     assert sum(shares) == pytest.approx(total, rel=1e-9)
     assert shares[0] < shares[1] < shares[2]
+
+
+class Counting(Drafter):
+    """Proposes nothing, counting the calls it gets."""
+    name = "counting"
+    confidence = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, reqs):
+        self.calls += 1
+        return [DraftProposal([]) for _ in reqs]
+
+
+def test_a_plain_step_rests_auto_sized_sequences_entirely(target, monkeypatch):
+    """Under the guard's plain arm an auto-sized sequence's drafter is not asked, keep has nothing to
+    weigh (no prediction), and learn records nothing (its probe state does not age); a sequence with
+    a fixed draft size in the same steps is asked as before."""
+    eng = Engine(target, {"c": Counting(), "f": Counting()}, cost=FLAT.fresh())
+    monkeypatch.setattr(eng.controller.guard, "arm", lambda sequences: PLAIN)
+    ids = [eng.admit(Request([3, 4, 5], 12, drafter="c", num_draft=AUTO_SIZE)),
+           eng.admit(Request([3, 4, 6], 12, drafter="f", num_draft=2))]
+    while eng.num_running:
+        eng.step()
+        assert not any(key[0] == ids[0] for key in eng.controller.history.probes)
+    assert eng.drafters["c"].calls == 0 and eng.drafters["f"].calls > 0
+    stats = [eng.take_result(i).stats for i in ids]
+    assert stats[0].step_predicted_s == [] and len(stats[0].nodes_per_step) == 11

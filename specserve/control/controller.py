@@ -181,8 +181,8 @@ class Controller:
     def keep(self, views: list[SeqView], proposals: dict, plan: StepPlan) -> float | None:
         """Trim the auto-sized proposals (``seq_id -> DraftProposal``, replaced in place) to the nodes
         the rate rule keeps; the predicted pass seconds (None when no sequence is auto-sized)."""
-        if not any(s.auto_size for s in views):
-            return None
+        if not any(s.auto_size and not (plan.resting(s) and not len(proposals[s.seq_id])) for s in views):
+            return None                     # no auto-sized sequence, or all rest (the guard's plain step)
         cands, merged = [], {}
         for s in views:
             prop = proposals[s.seq_id]
@@ -235,7 +235,9 @@ class Controller:
     def learn(self, s: SeqView, prop, path: list[int], plan: StepPlan) -> None:
         """A verified draft ``prop`` (what the pass ran) of which the nodes ``path`` were accepted;
         what the drafter is judged by is its own nodes (not the forced ones a grammar added, which
-        teach ``forced_rate``)."""
+        teach ``forced_rate``); nothing for a sequence that rested (``StepPlan.resting``) and drafted nothing."""
+        if plan.resting(s) and not len(prop):
+            return
         self._learn_forced(s.drafter, prop, path)
         prop, path = prop.drafted(path)
         conf = prop.trim_confidence()

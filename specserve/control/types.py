@@ -40,3 +40,8 @@ class StepPlan:
     part_probes: set[tuple[int, str]] = field(default_factory=set)     # (seq_id, part): that part's best
                                                                          # node is kept anyway
     arm: str | None = None         # the guard's arm (``guard.DRAFT`` or ``PLAIN``); None: no auto-sized sequence
+
+    def resting(self, view: "SeqView") -> bool:
+        """The guard took plain decoding for this step and ``view``'s draft size is the controller's: its
+        drafter is not asked, and nothing is kept or learnt for it (the step is plain decoding's)."""
+        return self.arm == "plain" and view.auto_size

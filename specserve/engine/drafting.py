@@ -56,7 +56,7 @@ class Drafting:
         out = {s.seq_id: DraftProposal([]) for s in decoding}
         groups: dict[int, list[tuple[Sequence, DraftRequest]]] = {}
         for s, v in zip(decoding, views):
-            if s.drafter is not PLAIN:
+            if s.drafter is not PLAIN and not plan.resting(v):
                 r = DraftRequest(s.seq_id, s.tokens, plan.budgets[s.seq_id], s.request.sampling, v.depth,
                                  plan.parts.get(s.seq_id))
                 groups.setdefault(id(s.drafter), []).append((s, r))
