@@ -138,7 +138,7 @@ class LLM:
         return self._drafters[label]
 
     def engine_with(self, max_batch: int, drafters: Iterable[str] | None = None, target: LoadedModel | None = None,
-                    cost: CostModel | None = None) -> Engine:
+                    cost: CostModel | None = None, guard: bool = True) -> Engine:
         """A new engine of ``max_batch`` rows over the same target (or ``target``, a decoder of the same
         model, as a replay's) and the same loaded drafter objects (``drafters``: the labels it serves,
         default all), with this LLM's context length and prefill policy (``cost``: its pass costs,
@@ -152,7 +152,7 @@ class LLM:
             raise SpecserveError(f"drafter {unknown[0]!r} is not loaded; loaded: {', '.join(self._drafters)}",
                                  "drafter")
         return Engine(target or self.target, {label: self.drafter(label) for label in labels}, max_batch=max_batch,
-                      max_len=self._max_len, prefill=self._prefill, cost=cost)
+                      max_len=self._max_len, prefill=self._prefill, cost=cost, guard=guard)
 
     def reset_memory(self) -> list[str]:
         """Every loaded drafter forgets what it learnt across requests, as on a fresh server

@@ -69,6 +69,33 @@ def test_a_change_of_leader_is_found_within_bounded_steps():
     assert guard.leaders() == {1: DRAFT}
 
 
+def test_a_new_request_drafts_once_where_plain_steps_lead():
+    """Plain steps lead: a step holding a request new to the guard drafts (its text may draft well),
+    whatever the gap; the next step, the request no longer new, is plain again.  Where drafting
+    leads, a new request changes nothing."""
+    guard = Guard()
+    run(guard, 200, {DRAFT: 0.5, PLAIN: 1.0})
+    assert guard.leaders() == {1: PLAIN} and guard.arm(1) == PLAIN
+    assert guard.arm(1, fresh=True) == DRAFT
+    guard.observe(1, DRAFT, 50, 100.0)
+    assert guard.arm(1) == PLAIN
+    other = Guard()
+    run(other, 200, {DRAFT: 2.0, PLAIN: 1.0})
+    assert other.arm(1) == DRAFT and other.arm(1, fresh=True) == DRAFT
+
+
+def test_the_controller_tells_the_guard_of_new_requests_once():
+    ctl = Controller({"d": Traits(8, True)}, FLAT, max_draft=32, thread_choices=(1,))
+    seen = []
+    ctl.guard.arm = lambda sequences, fresh=False: seen.append(fresh) or PLAIN
+    a, b = SeqView(0, "d", AUTO_SIZE, 10, 50), SeqView(1, "d", AUTO_SIZE, 10, 50)
+    for views in ([a], [a], [a, b], [a, b]):
+        ctl.plan(views)
+    ctl.forget(0)
+    ctl.plan([SeqView(0, "d", AUTO_SIZE, 10, 50)])          # the id again, after it ended: a new request
+    assert seen == [True, False, True, False, True]
+
+
 def test_levels_are_measured_apart():
     """Drafting pays alone and not in a batch of 16: each level keeps its own leader."""
     guard = Guard()
@@ -212,7 +239,7 @@ def test_a_plain_step_rests_auto_sized_sequences_entirely(target, monkeypatch):
     weigh (no prediction), and learn records nothing (its probe state does not age); a sequence with
     a fixed draft size in the same steps is asked as before."""
     eng = Engine(target, {"c": Counting(), "f": Counting()}, cost=FLAT.fresh())
-    monkeypatch.setattr(eng.controller.guard, "arm", lambda sequences: PLAIN)
+    monkeypatch.setattr(eng.controller.guard, "arm", lambda sequences, fresh=False: PLAIN)
     ids = [eng.admit(Request([3, 4, 5], 12, drafter="c", num_draft=AUTO_SIZE)),
            eng.admit(Request([3, 4, 6], 12, drafter="f", num_draft=2))]
     while eng.num_running:

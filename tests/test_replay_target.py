@@ -36,7 +36,7 @@ def engines(target, name: str, level: int, texts: list[list[int]], **opts):
                           FrozenCost.of(COST), EOS)
     real = Engine(target, {name: create(name, target, **opts)}, max_batch=level, max_len=160, cost=COST.fresh())
     again = Engine(dataclasses.replace(target, model=replay), {name: create(name, target, **opts)},
-                   max_batch=level, max_len=160, cost=replay.cost)
+                   max_batch=level, max_len=160, cost=replay.cost, guard=False)       # as the advisor's replay
     return real, again, replay
 
 

@@ -77,7 +77,8 @@ def replay_level(llm, label: str, k, prompts: list[list[int]], continuations: li
     replay = ReplayTarget(llm.target.config, llm.target.model.invariant_tokens,
                           [p + c for p, c in zip(prompts, continuations)], feats, frozen,
                           min(llm.tokenizer.eos_ids, default=0))
-    eng = llm.engine_with(level, [label], target=dataclasses.replace(llm.target, model=replay), cost=frozen)
+    # the guard off: it times steps by the wall clock, which a replay's passes do not take
+    eng = llm.engine_with(level, [label], target=dataclasses.replace(llm.target, model=replay), cost=frozen, guard=False)
     drafter.reset_memory()
     out = Replayed(0.0, 0.0, 0, 0, 0)
     waiting, ids = [llm.request(p, max_tokens, GREEDY, label, k) for p in prompts], []

@@ -67,6 +67,7 @@ class Controller:
                  config: ControllerConfig = DEFAULTS, guard: bool = True):
         self.traits, self.cost, self.max_draft, self.config = traits, cost, max_draft, config
         self.guard = Guard(guard)                  # whether drafting pays at all, measured per batch level
+        self._guarded: set[int] = set()            # auto-sized sequences the guard has seen (``plan``)
         self.acceptance = AcceptanceModel(config)
         self.history = DraftHistory(config)        # whole drafters' kept nodes and probes (parts: ``parts``)
         self.draft_s: dict[str, float] = {}        # decayed seconds per proposal, per drafter (and part)
@@ -81,7 +82,9 @@ class Controller:
         """The step's probes and node budgets."""
         self._share = (self.cost.predict([1] * len(views), [s.context for s in views]) / len(views)) if views else None
         self.crowded = bool(views) and self.crowding(views, self._share) > self.config.crowded
-        arm = self.guard.arm(len(views)) if any(s.auto_size for s in views) else None
+        fresh = {s.seq_id for s in views if s.auto_size} - self._guarded
+        self._guarded |= fresh
+        arm = self.guard.arm(len(views), bool(fresh)) if any(s.auto_size for s in views) else None
         plan = StepPlan({}, {s.seq_id for s in views             # a merging drafter's parts probe one by one
                              if s.auto_size and arm == DRAFT and not self.parts.parts(s)
                              and self.due(s, s.drafter, self.probe(s))}, arm=arm)
@@ -260,6 +263,7 @@ class Controller:
                 self.forced[drafter] = decayed(self.forced_rate(drafter), float(n in on), self.config.forced_weight)
 
     def forget(self, seq_id: int) -> None:
+        self._guarded.discard(seq_id)
         self.acceptance.forget(seq_id)
         self.history.forget(seq_id)
         self.parts.forget(seq_id)

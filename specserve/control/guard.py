@@ -17,8 +17,10 @@ the gap starts at ``MIN_GAP``, doubles up to ``MAX_GAP`` each time a trial yield
 leader, and falls back to ``MIN_GAP`` when a trial yields more (its arm may be catching up: it is
 tried often until its average settles) or changes the leader.  So where drafting is behind, at most
 one step in ``MIN_GAP`` (soon one in ``MAX_GAP``) still drafts, and where it is ahead as few are
-plain: that is what measuring costs.  A level starts with ``WARMUP`` steps of each arm,
-drafting first.  Which arm a step takes never changes what it outputs, only how fast.
+plain: that is what measuring costs.  A new request's text may draft well where the others did
+not, so where plain steps lead, a step with a request new to the guard drafts (a trial) whatever the
+gap: one step per request at most.  A level starts with ``WARMUP`` steps of each arm, drafting
+first.  Which arm a step takes never changes what it outputs, only how fast.
 """
 
 from __future__ import annotations
@@ -68,11 +70,13 @@ class Level:
     def arm(self, name: str) -> Arm:
         return self.draft if name == DRAFT else self.plain
 
-    def choose(self) -> str:
-        """The arm for this level's next step."""
+    def choose(self, fresh: bool = False) -> str:
+        """The arm for this level's next step (``fresh``: it holds a request new to the guard)."""
         for name in (DRAFT, PLAIN):
             if self.arm(name).steps < WARMUP:
                 return name
+        if fresh and self.leader == PLAIN:
+            return DRAFT
         return self.trailing() if self.since >= self.gap else self.leader
 
     def trailing(self) -> str:
@@ -111,10 +115,10 @@ class Guard:
             self.levels[key] = Level(Arm(), Arm())
         return self.levels[key]
 
-    def arm(self, sequences: int) -> str:
-        """``DRAFT`` or ``PLAIN`` for a step decoding ``sequences`` sequences (always ``DRAFT`` when
-        the guard is off)."""
-        return self._level(sequences).choose() if self.enabled else DRAFT
+    def arm(self, sequences: int, fresh: bool = False) -> str:
+        """``DRAFT`` or ``PLAIN`` for a step decoding ``sequences`` sequences, ``fresh`` when one of them
+        is new to the guard (always ``DRAFT`` when the guard is off)."""
+        return self._level(sequences).choose(fresh) if self.enabled else DRAFT
 
     def observe(self, sequences: int, arm: str, tokens: int, seconds: float) -> None:
         """A step of ``sequences`` decoding sequences took ``arm`` and committed ``tokens`` in ``seconds``."""
