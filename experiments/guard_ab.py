@@ -16,7 +16,7 @@ import json
 import time
 
 from specserve.bench.datasets import rotation
-from specserve.bench.interleaved import bootstrap_ratio, methods_of, strided
+from specserve.bench.interleaved import methods_of, strided, summarize
 from specserve.bench.runner import encode_all, load_llm
 from specserve.sampling import SamplingParams
 
@@ -59,19 +59,10 @@ def main() -> None:
                          "shares": [x.stats.share_s for x in res], "counts": list(map(len, out))})
             print(f"r{r} {name:15s} {dt:7.2f} s {runs[-1]['tokens'] / dt:6.1f} tok/s", flush=True)
 
-    def cells(name, key):
-        return [x[key] for x in runs if x["config"] == name]
-
-    def rate(name):
-        return sum(cells(name, "tokens")) / sum(cells(name, "seconds"))
-    summary = {}
-    for name, _, _ in configs:
-        tokens = () if greedy else (cells("none", "counts"), cells(name, "counts"))
-        lo, hi = bootstrap_ratio(cells("none", "shares"), cells(name, "shares"), *tokens)
-        summary[name] = {"speedup": rate(name) / rate("none"), "interval": [lo, hi],
-                         "identical": sum(a == b for a, b in zip(first[name], first["none"])) if greedy else None}
-        same = f" ({summary[name]['identical']}/{len(ids)} identical)" if greedy else ""
-        print(f"{name}: {summary[name]['speedup']:.3f}x plain [90%: {lo:.3f}-{hi:.3f}]{same}")
+    summary = summarize(runs, [name for name, _, _ in configs], first, greedy, key="config")
+    for name, s in summary.items():
+        same = f" ({s['identical']}/{len(ids)} identical)" if greedy else ""
+        print(f"{name}: {s['speedup']:.3f}x plain [90%: {s['interval'][0]:.3f}-{s['interval'][1]:.3f}]{same}")
     leaders = guard.leaders()
     print("guard's leading arm by batch level (lowest sequence count):", leaders)
     if args.json:

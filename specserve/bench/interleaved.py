@@ -85,7 +85,7 @@ def bootstrap_ratio(plain: np.ndarray, method: np.ndarray, plain_tokens: np.ndar
     r, p = arrays[0].shape
     rows = rng.integers(0, r, size=(reps, r))
     cols = rng.integers(0, p, size=(reps, p))
-    sums = [np.array([a[rows[b]][:, cols[b]].sum() for b in range(reps)]) for a in arrays]
+    sums = [a[rows[:, :, None], cols[:, None, :]].sum(axis=(1, 2)) for a in arrays]     # [reps] each
     ratios = sums[0] / sums[1] if len(sums) == 2 else (sums[3] / sums[1]) / (sums[2] / sums[0])
     tail = (1.0 - level) / 2
     return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))
@@ -124,20 +124,29 @@ def run_interleaved(cfg: InterleavedConfig, options=None, log: Callable[[str], N
             runs.append({"round": r, "method": m.label, "seconds": dt, "tokens": tokens,
                          "shares": [x.stats.share_s for x in results], "counts": list(map(len, out))})
             log(f"{m.label} {dt:.2f} s {tokens / dt:.1f} tok/s")
-    def total(label: str, key: str) -> float:
-        return sum(x[key] for x in runs if x["method"] == label)
-
-    def cells(label: str, key: str) -> list[list[float]]:        # [round][prompt]
-        return [x[key] for x in sorted(runs, key=lambda x: x["round"]) if x["method"] == label]
-    plain = methods[0].label
-    summary = {}
-    for m in methods:
-        rate, plain_rate = (total(x, "tokens") / total(x, "seconds") for x in (m.label, plain))
-        tokens = () if greedy else (cells(plain, "counts"), cells(m.label, "counts"))
-        summary[m.label] = {"seconds": total(m.label, "seconds"), "speedup": rate / plain_rate,
-                            "interval": bootstrap_ratio(cells(plain, "shares"), cells(m.label, "shares"), *tokens),
-                            "identical": sum(a == b for a, b in zip(first[m.label], first[plain])) if greedy else None}
+    summary = summarize(runs, [m.label for m in methods], first, greedy)
     return {"config": asdict(cfg), "prompts": len(ids), "runs": runs, "summary": summary}
+
+
+def summarize(runs: list[dict], labels: list[str], first: dict[str, list], greedy: bool,
+              key: str = "method") -> dict[str, dict]:
+    """Per label (``labels[0]``: plain decoding) its seconds, its rate over plain decoding's with the
+    interval (``bootstrap_ratio``) and, under greedy decoding, how many of its first round's outputs
+    (``first``) are plain decoding's.  ``runs``: one record per run (round, ``key``: its label,
+    seconds, tokens, and per prompt its share of the steps and its tokens)."""
+    def total(label: str, field: str) -> float:
+        return sum(x[field] for x in runs if x[key] == label)
+
+    def cells(label: str, field: str) -> list[list[float]]:        # [round][prompt]
+        return [x[field] for x in sorted(runs, key=lambda x: x["round"]) if x[key] == label]
+    plain, summary = labels[0], {}
+    for label in labels:
+        rate, plain_rate = (total(x, "tokens") / total(x, "seconds") for x in (label, plain))
+        tokens = () if greedy else (cells(plain, "counts"), cells(label, "counts"))
+        summary[label] = {"seconds": total(label, "seconds"), "speedup": rate / plain_rate,
+                          "interval": bootstrap_ratio(cells(plain, "shares"), cells(label, "shares"), *tokens),
+                          "identical": sum(a == b for a, b in zip(first[label], first[plain])) if greedy else None}
+    return summary
 
 
 def render_interleaved(doc: dict) -> str:

@@ -12,7 +12,8 @@ holds no drafter objects and no model.  Its tuning numbers are one ``ControllerC
 4. ``keep(views, proposals, plan)``: trims the auto-sized proposals to the nodes that pay (over the
    whole batch, ``choice.choose``) and returns the predicted pass seconds;
 7. ``threads()`` before the pass, ``observe_pass`` after it;
-10. ``learn`` per verified sequence; ``forget`` when a sequence ends (11).
+10. ``observe_step`` (the step's yield, into the ``guard``) and ``learn`` per verified sequence;
+    ``forget`` when a sequence ends (11).
 
 A request with a fixed draft size gets exactly that; auto-sized requests (``AUTO_SIZE``) get, for
 drafters whose nodes carry confidences, the drafter's largest draft (trimmed by ``keep``), and for
@@ -184,7 +185,7 @@ class Controller:
     def keep(self, views: list[SeqView], proposals: dict, plan: StepPlan) -> float | None:
         """Trim the auto-sized proposals (``seq_id -> DraftProposal``, replaced in place) to the nodes
         the rate rule keeps; the predicted pass seconds (None when no sequence is auto-sized)."""
-        if not any(s.auto_size and not (plan.resting(s) and not len(proposals[s.seq_id])) for s in views):
+        if all(not s.auto_size or (plan.resting(s) and not len(proposals[s.seq_id])) for s in views):
             return None                     # no auto-sized sequence, or all rest (the guard's plain step)
         cands, merged = [], {}
         for s in views:
@@ -229,7 +230,7 @@ class Controller:
         self.cost.observe(lengths, contexts, seconds, self.config.cost_weight, self.config.cost_ratio)
 
     # ------------------------------------------------------------------ 10. feed back: the guard, learning
-    def observe_step(self, plan: StepPlan, sequences: int, tokens: int, seconds: float, chunked=False) -> None:
+    def observe_step(self, plan: StepPlan, sequences: int, tokens: int, seconds: float, chunked: bool = False) -> None:
         """A step committed ``tokens`` to its ``sequences`` decoding sequences in ``seconds`` (its whole wall
         time): into the guard, under the arm ``plan`` took, unless it carried prompt chunks (``chunked``)."""
         if plan.arm is not None and not chunked:

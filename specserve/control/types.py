@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.control.guard import PLAIN
 from specserve.limits import AUTO_SIZE
 
 
@@ -44,4 +45,4 @@ class StepPlan:
     def resting(self, view: "SeqView") -> bool:
         """The guard took plain decoding for this step and ``view``'s draft size is the controller's: its
         drafter is not asked, and nothing is kept or learnt for it (the step is plain decoding's)."""
-        return self.arm == "plain" and view.auto_size
+        return self.arm == PLAIN and view.auto_size

@@ -246,7 +246,7 @@ class Engine:
         # 10. feed back: to the drafters, the verified drafts to the controller, a decoding step's yield to the guard
         self._feed_back(feedback, views, proposals, outcomes, plan)
         times.commit_s = clock.lap()
-        self.controller.observe_step(plan, len(decoding), sum(len(o.tokens) for o in outcomes), clock.elapsed(), chunks)
+        self.controller.observe_step(plan, len(decoding), sum(len(o.tokens) for o in outcomes), clock.elapsed(), bool(chunks))
         # 11. report, and retire the finished
         return self._finish_step(decoding, views, chunks, layout, times, predicted, threads)
 
